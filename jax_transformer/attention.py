@@ -1,0 +1,184 @@
+"""Multi-head and grouped-query attention, masks, and the KV cache.
+
+Masks follow ``jax.nn.dot_product_attention``: bool, True = may attend,
+shaped to broadcast against ``[B, N, T, S]``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_transformer.config import ModelConfig
+from jax_transformer.layers import dropout, param, rotate
+
+Array = jax.Array
+
+
+def padding_mask(key_mask: Array) -> Array:
+  """key_mask [B, S] bool (True = real token) -> [B, 1, 1, S]."""
+  return key_mask[:, None, None, :]
+
+
+def segment_mask(query_segments: Array, key_segments: Array) -> Array:
+  """Packed sequences attend within their own segment; segment 0 is padding.
+
+  query_segments [B, T], key_segments [B, S] int -> [B, 1, T, S].
+  """
+  same = query_segments[:, :, None] == key_segments[:, None, :]
+  return (same & (key_segments[:, None, :] > 0))[:, None]
+
+
+def causal_mask(query_slots: Array, key_slots: Array) -> Array:
+  """Key slot <= query slot. query_slots [T], key_slots [S] -> [1, 1, T, S]."""
+  return (key_slots[None, :] <= query_slots[:, None])[None, None]
+
+
+def combine(*masks: Array | None) -> Array | None:
+  """Logical AND of the masks that are present (None = attend everywhere)."""
+  present = [m for m in masks if m is not None]
+  if not present:
+    return None
+  out = present[0]
+  for m in present[1:]:
+    out = out & m
+  return out
+
+
+def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
+  """softmax(q k^T / sqrt(H)) over keys, blocked keys weighted 0.
+
+  q [B, T, N, H], k [B, S, K, H], mask broadcastable to [B, N, T, S]
+  -> weights [B, N, T, S] float32. With K < N, query head n reads key head
+  n // (N / K), as jax.nn.dot_product_attention groups them.
+  """
+  k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
+  scores = jnp.einsum('BTNH,BSNH->BNTS', q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(q.shape[-1]))
+  if mask is not None:
+    # Finite, so a fully blocked row (a padding query) stays NaN-free.
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+class KVCache(NamedTuple):
+  """Decoding state, passed into the model and returned (a plain pytree).
+
+  keys, values:  per decoder layer, [B, S_max, K, H]: self-attention
+                 keys/values written slot by slot.
+  valid:         [B, S_max] bool, True where a slot holds a real token (a
+                 prompt's padding slots stay False and are never attended).
+  index:         int32 scalar, the next slot to write (same for the batch).
+  cross_keys, cross_values: per decoder layer, [B, S, K, H]: the encoder
+                 memory projected once per source (empty for decoder-only).
+  memory_mask:   [B, S] bool source padding mask (None for decoder-only).
+  """
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+  valid: Array
+  index: Array
+  cross_keys: tuple[Array, ...] = ()
+  cross_values: tuple[Array, ...] = ()
+  memory_mask: Array | None = None
+
+  @property
+  def max_len(self) -> int:
+    return self.valid.shape[1]
+
+
+def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
+  """Writes new [B, T, K, H] into cache_kv [B, S_max, K, H] at slot index."""
+  return jax.lax.dynamic_update_slice_in_dim(
+      cache_kv, new.astype(cache_kv.dtype), index, axis=1)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with K <= N key/value heads (GQA when K < N).
+
+  Kernels: query [D, N, H], key/value [D, K, H], out [N, H, D]; biases as
+  nn.MultiheadAttention's in_proj_bias/out_proj.bias when config.use_bias.
+  """
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, rotary: bool):
+    self.config = config
+    self.rotary = rotary
+    d, n, k, h = (config.d_model, config.num_heads, config.kv_heads,
+                  config.head_dim)
+    dtype = config.params_dtype
+    init = nnx.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+    self.query = param(rngs, init, (d, n, h), ('embed', 'heads', 'head_dim'),
+                       dtype)
+    self.key = param(rngs, init, (d, k, h), ('embed', 'kv_heads', 'head_dim'),
+                     dtype)
+    self.value = param(rngs, init, (d, k, h),
+                       ('embed', 'kv_heads', 'head_dim'), dtype)
+    out_init = nnx.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
+    self.out = param(rngs, out_init, (n, h, d),
+                     ('heads', 'head_dim', 'embed'), dtype)
+    if config.use_bias:
+      zeros = nnx.initializers.zeros
+      self.query_bias = param(rngs, zeros, (n, h), ('heads', 'head_dim'),
+                              dtype)
+      self.key_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
+                            dtype)
+      self.value_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
+                              dtype)
+      self.out_bias = param(rngs, zeros, (d,), ('embed',), dtype)
+
+  def _project(self, x: Array, kernel: str, positions: Array | None):
+    dtype = self.config.compute_dtype
+    y = jnp.einsum('BTD,DNH->BTNH', x.astype(dtype),
+                   getattr(self, kernel)[...].astype(dtype))
+    if self.config.use_bias:
+      y = y + getattr(self, kernel + '_bias')[...].astype(dtype)
+    if self.rotary and kernel != 'value':
+      y = rotate(y, positions, self.config.rope_base)
+    return y
+
+  def project_query(self, x: Array, positions: Array | None = None) -> Array:
+    """x [B, T, D] -> queries [B, T, N, H] (rotated when rotary)."""
+    return self._project(x, 'query', positions)
+
+  def project_kv(self, x: Array, positions: Array | None = None):
+    """x [B, S, D] -> (keys, values), each [B, S, K, H]."""
+    return (self._project(x, 'key', positions),
+            self._project(x, 'value', positions))
+
+  def attend(self, q: Array, k: Array, v: Array, mask: Array | None,
+             rngs: nnx.Rngs | None = None, deterministic: bool = True):
+    """softmax(q k^T / sqrt(H)) v, then the output projection.
+
+    q [B, T, N, H], k and v [B, S, K, H], mask broadcastable to
+    [B, N, T, S] -> [B, T, D].
+    """
+    rate = self.config.attention_dropout_rate
+    if deterministic or rate == 0.0:
+      ctx = jax.nn.dot_product_attention(
+          q, k, v, mask=mask,
+          implementation=self.config.attention_implementation)
+    else:
+      ctx = self._attend_with_dropout(q, k, v, mask, rate, rngs)
+    dtype = self.config.compute_dtype
+    y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),
+                   self.out[...].astype(dtype))
+    if self.config.use_bias:
+      y = y + self.out_bias[...].astype(dtype)
+    return y
+
+  def _attend_with_dropout(self, q, k, v, mask, rate, rngs):
+    """The explicit path, needed because the fused kernel has no dropout."""
+    weights = dropout(attention_weights(q, k, mask), rate, rngs, False)
+    v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+    return jnp.einsum('BNTS,BSNH->BTNH', weights.astype(v.dtype), v)
+
+  def __call__(self, x: Array, mask: Array | None = None,
+               positions: Array | None = None, rngs: nnx.Rngs | None = None,
+               deterministic: bool = True) -> Array:
+    """Self-attention without a cache: x [B, T, D] -> [B, T, D]."""
+    k, v = self.project_kv(x, positions)
+    return self.attend(self.project_query(x, positions), k, v, mask, rngs,
+                       deterministic)

@@ -1,0 +1,151 @@
+"""Architecture hyperparameters: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax.numpy as jnp
+
+Activation = Literal['relu', 'gelu', 'gelu_tanh', 'swiglu']
+Positional = Literal['sinusoidal', 'learned', 'rotary']
+Norm = Literal['layernorm', 'rmsnorm']
+
+_DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of an encoder-decoder or decoder-only Transformer.
+
+  Names follow the paper and PyTorch's ``nn.Transformer``. The defaults are
+  the paper's base model (``nn.Transformer``'s defaults plus a shared 37000
+  vocabulary, sinusoidal positions and a tied head).
+  """
+
+  vocab_size: int = 37000
+  d_model: int = 512
+  num_heads: int = 8
+  # Key/value heads for grouped-query attention; None means num_heads (MHA).
+  num_kv_heads: int | None = None
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  d_ff: int = 2048
+  # Residual, embedding and feed-forward dropout (the paper's P_drop).
+  dropout_rate: float = 0.1
+  # Dropout on attention weights, as nn.MultiheadAttention(dropout=...).
+  attention_dropout_rate: float = 0.1
+  activation: Activation = 'relu'
+  # False: post-norm (the paper, PyTorch's default); True: pre-norm.
+  norm_first: bool = False
+  norm: Norm = 'layernorm'
+  # nn.Transformer always normalises the output of each stack.
+  final_norm: bool = True
+  positional: Positional = 'sinusoidal'
+  max_len: int = 512
+  rope_base: float = 10000.0
+  # Output projection shares the token embedding (the paper, Press & Wolf).
+  tie_embeddings: bool = True
+  # Multiply embeddings by sqrt(d_model) (the paper); GPT-2 does not.
+  scale_embeddings: bool = True
+  use_bias: bool = True
+  layer_norm_eps: float = 1e-5
+  # Compute dtype of matmuls; norms, softmax and logits stay float32.
+  dtype: str = 'float32'
+  param_dtype: str = 'float32'
+  # jax.nn.dot_product_attention backend: None (XLA picks), 'xla', 'cudnn'.
+  attention_implementation: str | None = None
+
+  def __post_init__(self):
+    for problem in self._problems():
+      raise ValueError(f'ModelConfig: {problem}')
+
+  def _problems(self):
+    positive = ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len')
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        yield f'{name} must be a positive integer, got {value!r}.'
+    for name in ('num_encoder_layers', 'num_decoder_layers'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        yield f'{name} must be a non-negative integer, got {value!r}.'
+    if self.d_model % self.num_heads:
+      yield (f'd_model={self.d_model} is not divisible by '
+             f'num_heads={self.num_heads}.')
+    kv = self.kv_heads
+    if not isinstance(kv, int) or kv <= 0 or self.num_heads % kv:
+      yield (f'num_kv_heads={self.num_kv_heads} must be a positive divisor of '
+             f'num_heads={self.num_heads}.')
+    for name in ('dropout_rate', 'attention_dropout_rate'):
+      value = getattr(self, name)
+      if not 0.0 <= value < 1.0:
+        yield f'{name} must be in [0, 1), got {value!r}.'
+    if self.activation not in Activation.__args__:
+      yield (f'activation={self.activation!r} is not one of '
+             f'{Activation.__args__}.')
+    if self.positional not in Positional.__args__:
+      yield (f'positional={self.positional!r} is not one of '
+             f'{Positional.__args__}.')
+    if self.norm not in Norm.__args__:
+      yield f'norm={self.norm!r} is not one of {Norm.__args__}.'
+    if self.positional == 'rotary' and self.head_dim % 2:
+      yield f'rotary positions need an even head width, got {self.head_dim}.'
+    if self.positional == 'sinusoidal' and self.d_model % 2:
+      yield f'sinusoidal positions need an even d_model, got {self.d_model}.'
+    for name in ('dtype', 'param_dtype'):
+      if getattr(self, name) not in _DTYPES:
+        yield f'{name}={getattr(self, name)!r} is not one of {_DTYPES}.'
+    if self.attention_implementation not in (None, 'xla', 'cudnn'):
+      yield ('attention_implementation must be None, "xla" or "cudnn", got '
+             f'{self.attention_implementation!r}.')
+    if self.layer_norm_eps <= 0:
+      yield f'layer_norm_eps must be positive, got {self.layer_norm_eps!r}.'
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def params_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **changes) -> 'ModelConfig':
+    return dataclasses.replace(self, **changes)
+
+
+def transformer_base(**overrides) -> ModelConfig:
+  """The paper's base model: 63,084,544 parameters with a tied 37000 vocab."""
+  return ModelConfig(**overrides)
+
+
+def transformer_big(**overrides) -> ModelConfig:
+  """The paper's big model (d_model 1024, 16 heads, d_ff 4096, dropout 0.3)."""
+  fields = dict(d_model=1024, num_heads=16, d_ff=4096, dropout_rate=0.3,
+                attention_dropout_rate=0.3)
+  return ModelConfig(**{**fields, **overrides})
+
+
+def gpt2_small(**overrides) -> ModelConfig:
+  """A decoder-only model shaped like GPT-2 small (124M parameters)."""
+  fields = dict(vocab_size=50257, d_model=768, num_heads=12,
+                num_encoder_layers=0, num_decoder_layers=12, d_ff=3072,
+                activation='gelu_tanh', norm_first=True, positional='learned',
+                max_len=1024, scale_embeddings=False, dropout_rate=0.1,
+                attention_dropout_rate=0.1)
+  return ModelConfig(**{**fields, **overrides})
+
+
+PRESETS = {
+    'transformer_base': transformer_base,
+    'transformer_big': transformer_big,
+    'gpt2_small': gpt2_small,
+}

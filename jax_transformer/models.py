@@ -1,0 +1,291 @@
+"""The two models: the paper's encoder-decoder and a GPT-style decoder LM.
+
+Conventions: ids are int [B, T]; a ``mask`` is bool [B, T] with True for real
+tokens; packed batches pass ``segment_ids`` (1, 2, ... per sequence, 0 for
+padding) instead, and attention never crosses a segment boundary. Positions
+default to 0, 1, ... over each sequence's real tokens.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_transformer import attention as attn
+from jax_transformer.attention import KVCache
+from jax_transformer.blocks import DecoderLayer, EncoderLayer
+from jax_transformer.config import ModelConfig
+from jax_transformer.layers import (Embed, LearnedPositions, dropout,
+                                    make_norm, param, sinusoidal)
+
+Array = jax.Array
+
+
+def default_positions(ids: Array, mask: Array | None = None,
+                      segment_ids: Array | None = None) -> Array:
+  """Position of each token within its sequence (or packed segment) [B, T]."""
+  b, t = ids.shape
+  index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  if segment_ids is not None:
+    starts = jnp.concatenate(
+        [jnp.ones((b, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]],
+        axis=1)
+    return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  if mask is not None:
+    # Counting real tokens also handles left padding.
+    return jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+  return index
+
+
+def key_mask(mask: Array | None, segments: Array | None,
+             query_segments: Array | None = None) -> Array | None:
+  """Padding mask [B, 1, 1, S], or a segment mask [B, 1, T, S] when packed."""
+  if segments is not None:
+    return attn.segment_mask(
+        segments if query_segments is None else query_segments, segments)
+  return None if mask is None else attn.padding_mask(mask)
+
+
+class _Transformer(nnx.Module):
+  """Embedding, positions and output head shared by both models."""
+
+  config: ModelConfig
+
+  def _init_io(self, config: ModelConfig, rngs: nnx.Rngs):
+    self.config = config
+    self.embed = Embed(config, rngs)
+    self.position_embed = (LearnedPositions(config, rngs)
+                           if config.positional == 'learned' else None)
+    self.head = None if config.tie_embeddings else param(
+        rngs, nnx.initializers.lecun_normal(),
+        (config.d_model, config.vocab_size), ('embed', 'vocab'),
+        config.params_dtype)
+
+  def _embed(self, ids: Array, positions: Array, rngs: nnx.Rngs | None,
+             deterministic: bool) -> Array:
+    """ids [B, T] -> embedded tokens plus positions, [B, T, D]."""
+    x = self.embed(ids)
+    if self.config.positional == 'sinusoidal':
+      x = x + sinusoidal(positions, self.config.d_model).astype(x.dtype)
+    elif self.config.positional == 'learned':
+      x = x + self.position_embed(positions).astype(x.dtype)
+    return dropout(x, self.config.dropout_rate, rngs, deterministic)
+
+  def _logits(self, x: Array) -> Array:
+    """x [B, T, D] -> logits [B, T, V] in float32."""
+    if self.head is None:
+      return self.embed.attend(x)
+    dtype = self.config.compute_dtype
+    return jnp.einsum('BTD,DV->BTV', x.astype(dtype),
+                      self.head[...].astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+  def _empty_cache(self, batch_size: int, max_len: int) -> KVCache:
+    c = self.config
+    shape = (batch_size, max_len, c.kv_heads, c.head_dim)
+    zeros = tuple(jnp.zeros(shape, c.compute_dtype)
+                  for _ in range(len(self._decoder_layers())))
+    return KVCache(keys=zeros, values=zeros,
+                   valid=jnp.zeros((batch_size, max_len), bool),
+                   index=jnp.zeros((), jnp.int32))
+
+  def _decoder_layers(self):
+    raise NotImplementedError
+
+  def _decoder_norm(self):
+    raise NotImplementedError
+
+  def extend(self, ids: Array, cache: KVCache, mask: Array | None = None,
+             positions: Array | None = None) -> tuple[Array, KVCache]:
+    """Runs new tokens against the cache: a whole prompt, or one step.
+
+    ids [B, T] go into cache slots [index, index + T); mask [B, T] marks real
+    tokens (False for a short prompt's padding). Positions default to the
+    number of real tokens already cached plus those before in ``ids``.
+    Returns (logits [B, T, V] float32, the updated cache).
+    """
+    b, t = ids.shape
+    if mask is None:
+      mask = jnp.ones((b, t), bool)
+    if positions is None:
+      done = cache.valid.sum(axis=1, dtype=jnp.int32)[:, None]
+      positions = done + default_positions(ids, mask) * mask
+    valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask,
+                                                cache.index, axis=1)
+    slots = cache.index + jnp.arange(t)
+    self_mask = attn.combine(
+        attn.causal_mask(slots, jnp.arange(cache.max_len)),
+        attn.padding_mask(valid))
+    memory_mask = (None if cache.memory_mask is None
+                   else attn.padding_mask(cache.memory_mask))
+    x = self._embed(ids, positions, None, True)
+    keys, values = [], []
+    for i, layer in enumerate(self._decoder_layers()):
+      memory_kv = ((cache.cross_keys[i], cache.cross_values[i])
+                   if cache.cross_keys else None)
+      x, (k, v) = layer(x, self_mask, positions, memory_kv=memory_kv,
+                        memory_mask=memory_mask,
+                        cache_kv=(cache.keys[i], cache.values[i]),
+                        cache_index=cache.index)
+      keys.append(k)
+      values.append(v)
+    norm = self._decoder_norm()
+    if norm is not None:
+      x = norm(x)
+    cache = cache._replace(keys=tuple(keys), values=tuple(values),
+                           valid=valid, index=cache.index + t)
+    return self._logits(x), cache
+
+
+class EncoderDecoder(_Transformer):
+  """The paper's model: nn.Transformer plus embeddings, positions and head.
+
+  One embedding is shared by source and target (a joint vocabulary), and by
+  the output projection when ``tie_embeddings``.
+  """
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs | None = None):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    self._init_io(config, rngs)
+    self.encoder_layers = nnx.List(
+        [EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
+    self.encoder_norm = make_norm(config, rngs) if config.final_norm else None
+    self.decoder_layers = nnx.List(
+        [DecoderLayer(config, rngs, cross_attention=True)
+         for _ in range(config.num_decoder_layers)])
+    self.decoder_norm = make_norm(config, rngs) if config.final_norm else None
+
+  def _decoder_layers(self):
+    return self.decoder_layers
+
+  def _decoder_norm(self):
+    return self.decoder_norm
+
+  def __call__(self, src_ids: Array, tgt_ids: Array,
+               src_mask: Array | None = None, tgt_mask: Array | None = None,
+               deterministic: bool = True, *,
+               src_segment_ids: Array | None = None,
+               tgt_segment_ids: Array | None = None,
+               src_positions: Array | None = None,
+               tgt_positions: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """src_ids [B, S], tgt_ids [B, T] -> logits [B, T, V] (float32).
+
+    The causal mask on the target is applied inside. In training pass
+    ``deterministic=False, rngs=nnx.Rngs(dropout=key)``.
+    """
+    memory = self.encode(src_ids, src_mask, deterministic,
+                         segment_ids=src_segment_ids, positions=src_positions,
+                         rngs=rngs)
+    return self.decode(tgt_ids, memory, src_mask, tgt_mask, deterministic,
+                       src_segment_ids=src_segment_ids,
+                       tgt_segment_ids=tgt_segment_ids,
+                       tgt_positions=tgt_positions, rngs=rngs)
+
+  def encode(self, src_ids: Array, src_mask: Array | None = None,
+             deterministic: bool = True, *, segment_ids: Array | None = None,
+             positions: Array | None = None,
+             rngs: nnx.Rngs | None = None) -> Array:
+    """The encoder stack (BERT-style): src_ids [B, S] -> memory [B, S, D]."""
+    if positions is None:
+      positions = default_positions(src_ids, src_mask, segment_ids)
+    mask = key_mask(src_mask, segment_ids)
+    x = self._embed(src_ids, positions, rngs, deterministic)
+    for layer in self.encoder_layers:
+      x = layer(x, mask, positions, rngs, deterministic)
+    return x if self.encoder_norm is None else self.encoder_norm(x)
+
+  def decode(self, tgt_ids: Array, memory: Array,
+             src_mask: Array | None = None, tgt_mask: Array | None = None,
+             deterministic: bool = True, *,
+             src_segment_ids: Array | None = None,
+             tgt_segment_ids: Array | None = None,
+             tgt_positions: Array | None = None,
+             rngs: nnx.Rngs | None = None) -> Array:
+    """The decoder stack and head over a whole target (teacher forcing).
+
+    tgt_ids [B, T], memory [B, S, D] -> logits [B, T, V] (float32).
+    """
+    t = tgt_ids.shape[1]
+    if tgt_positions is None:
+      tgt_positions = default_positions(tgt_ids, tgt_mask, tgt_segment_ids)
+    self_mask = attn.combine(attn.causal_mask(jnp.arange(t), jnp.arange(t)),
+                             key_mask(tgt_mask, tgt_segment_ids))
+    if src_segment_ids is not None:
+      memory_mask = attn.segment_mask(tgt_segment_ids, src_segment_ids)
+    else:
+      memory_mask = key_mask(src_mask, None)
+    x = self._embed(tgt_ids, tgt_positions, rngs, deterministic)
+    for layer in self.decoder_layers:
+      x, _ = layer(x, self_mask, tgt_positions,
+                   memory_kv=layer.cross_attn.project_kv(memory),
+                   memory_mask=memory_mask, rngs=rngs,
+                   deterministic=deterministic)
+    if self.decoder_norm is not None:
+      x = self.decoder_norm(x)
+    return self._logits(x)
+
+  def init_cache(self, memory: Array, src_mask: Array | None,
+                 max_len: int) -> KVCache:
+    """An empty target cache with the cross-attention keys/values of memory.
+
+    memory [B, S, D] (from ``encode``), src_mask [B, S] bool or None;
+    max_len is the number of target slots S_max.
+    """
+    b, s, _ = memory.shape
+    cache = self._empty_cache(b, max_len)
+    cross = [layer.cross_attn.project_kv(memory)
+             for layer in self.decoder_layers]
+    return cache._replace(
+        cross_keys=tuple(k for k, _ in cross),
+        cross_values=tuple(v for _, v in cross),
+        memory_mask=(jnp.ones((b, s), bool) if src_mask is None
+                     else src_mask.astype(bool)))
+
+
+class DecoderLM(_Transformer):
+  """A GPT-style language model: a stack of causal self-attention blocks."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs | None = None):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    self._init_io(config, rngs)
+    self.layers = nnx.List(
+        [DecoderLayer(config, rngs, cross_attention=False)
+         for _ in range(config.num_decoder_layers)])
+    self.norm = make_norm(config, rngs) if config.final_norm else None
+
+  def _decoder_layers(self):
+    return self.layers
+
+  def _decoder_norm(self):
+    return self.norm
+
+  def __call__(self, ids: Array, mask: Array | None = None,
+               deterministic: bool = True, *,
+               segment_ids: Array | None = None,
+               positions: Array | None = None,
+               rngs: nnx.Rngs | None = None) -> Array:
+    """ids [B, T] -> next-token logits [B, T, V] (float32), causally masked."""
+    t = ids.shape[1]
+    if positions is None:
+      positions = default_positions(ids, mask, segment_ids)
+    self_mask = attn.combine(attn.causal_mask(jnp.arange(t), jnp.arange(t)),
+                             key_mask(mask, segment_ids))
+    x = self._embed(ids, positions, rngs, deterministic)
+    for layer in self.layers:
+      x, _ = layer(x, self_mask, positions, rngs=rngs,
+                   deterministic=deterministic)
+    if self.norm is not None:
+      x = self.norm(x)
+    return self._logits(x)
+
+  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    """An empty cache of max_len slots for batch_size sequences."""
+    return self._empty_cache(batch_size, max_len)
+
+
+def count_params(model: nnx.Module) -> int:
+  """Number of scalar parameters (a tied embedding counts once)."""
+  state = nnx.state(model, nnx.Param)
+  return sum(x.size for x in jax.tree.leaves(state))

@@ -1,0 +1,328 @@
+"""Parameters to and from PyTorch ``state_dict`` layouts (numpy only).
+
+Two layouts:
+  * the reference encoder-decoder (``torch_reference.TorchTransformer``:
+    ``embed`` + ``nn.Transformer(batch_first=True)`` + ``head``);
+  * Hugging Face's ``GPT2LMHeadModel`` for the decoder-only model.
+
+Each layout is a table of :class:`Entry` rows, one per PyTorch tensor, that
+names the JAX parameters it is made of and how to convert both ways. Loading
+checks every key and shape before building anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_transformer.config import ModelConfig
+from jax_transformer.models import DecoderLM, EncoderDecoder
+
+Arrays = Sequence[np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One PyTorch tensor and the JAX parameters (dotted paths) it holds."""
+  torch_key: str
+  jax_paths: tuple[str, ...]
+  to_torch: Callable[[Arrays], np.ndarray]
+  from_torch: Callable[[np.ndarray], list[np.ndarray]]
+
+
+def _same(key: str, path: str) -> Entry:
+  return Entry(key, (path,), lambda a: a[0], lambda t: [t])
+
+
+def _matrix(key: str, path: str, shape: tuple[int, ...], in_axes: int = 1,
+            transpose: bool = True) -> Entry:
+  """A kernel of ``shape`` (its first ``in_axes`` axes are inputs) stored as
+  a torch matrix: [out, in] for nn.Linear (transpose), [in, out] for Conv1D.
+  """
+  n_in = int(np.prod(shape[:in_axes]))
+
+  def to_torch(arrays):
+    m = arrays[0].reshape(n_in, -1)
+    return m.T if transpose else m
+
+  def from_torch(t):
+    return [(t.T if transpose else t).reshape(shape)]
+
+  return Entry(key, (path,), to_torch, from_torch)
+
+
+def _joined(key: str, paths: tuple[str, ...], shape: tuple[int, ...],
+            transpose: bool) -> Entry:
+  """One torch tensor made of equal JAX kernels ``shape`` joined along the
+  output features, e.g. in_proj_weight = [q; k; v] or GPT-2's c_attn.
+
+  Kernels [D, N, H] are flattened to [D, N*H] (biases [N, H] to [N*H]),
+  concatenated along the last axis, then transposed for nn.Linear.
+  """
+  def to_torch(arrays):
+    flat = [a.reshape(shape[0], -1) if len(shape) == 3 else a.reshape(-1)
+            for a in arrays]
+    joined = jnp.concatenate(flat, axis=-1)
+    return joined.T if transpose else joined
+
+  def from_torch(t):
+    parts = np.split(t.T if transpose else t, len(paths), axis=-1)
+    return [p.reshape(shape) for p in parts]
+
+  return Entry(key, paths, to_torch, from_torch)
+
+
+# ----------------------------------------------------------------------------
+# Reference encoder-decoder layout.
+
+
+def _mha_entries(torch_prefix: str, jax_prefix: str,
+                 c: ModelConfig) -> list[Entry]:
+  d, n, h = c.d_model, c.num_heads, c.head_dim
+  qkv = tuple(f'{jax_prefix}.{name}' for name in ('query', 'key', 'value'))
+  return [
+      _joined(f'{torch_prefix}.in_proj_weight', qkv, (d, n, h),
+              transpose=True),
+      _joined(f'{torch_prefix}.in_proj_bias',
+              tuple(p + '_bias' for p in qkv), (n, h), transpose=False),
+      _matrix(f'{torch_prefix}.out_proj.weight', f'{jax_prefix}.out',
+              (n, h, d), in_axes=2),
+      _same(f'{torch_prefix}.out_proj.bias', f'{jax_prefix}.out_bias'),
+  ]
+
+
+def _ff_entries(torch_prefix: str, jax_prefix: str,
+                c: ModelConfig) -> list[Entry]:
+  d, f = c.d_model, c.d_ff
+  return [
+      _matrix(f'{torch_prefix}.linear1.weight', f'{jax_prefix}.ff.wi', (d, f)),
+      _same(f'{torch_prefix}.linear1.bias', f'{jax_prefix}.ff.bi'),
+      _matrix(f'{torch_prefix}.linear2.weight', f'{jax_prefix}.ff.wo', (f, d)),
+      _same(f'{torch_prefix}.linear2.bias', f'{jax_prefix}.ff.bo'),
+  ]
+
+
+def _norm_entries(torch_prefix: str, jax_prefix: str) -> list[Entry]:
+  return [_same(f'{torch_prefix}.weight', f'{jax_prefix}.scale'),
+          _same(f'{torch_prefix}.bias', f'{jax_prefix}.bias')]
+
+
+def _check_reference_config(c: ModelConfig) -> None:
+  unsupported = []
+  if c.kv_heads != c.num_heads:
+    unsupported.append('grouped-query attention (num_kv_heads != num_heads)')
+  if c.positional != 'sinusoidal':
+    unsupported.append(f'positional={c.positional!r}')
+  if c.activation not in ('relu', 'gelu', 'gelu_tanh'):
+    unsupported.append(f'activation={c.activation!r}')
+  if c.norm != 'layernorm' or not c.use_bias or not c.final_norm:
+    unsupported.append('norms/biases other than nn.Transformer\'s')
+  if not c.scale_embeddings:
+    unsupported.append('unscaled embeddings')
+  if unsupported:
+    raise ValueError('The PyTorch reference layout (nn.Transformer) cannot '
+                     'hold ' + ', '.join(unsupported) + '.')
+
+
+def encoder_decoder_entries(c: ModelConfig) -> list[Entry]:
+  """The name/shape table of the reference model's state_dict."""
+  _check_reference_config(c)
+  entries = [_same('embed.weight', 'embed.embedding')]
+  for i in range(c.num_encoder_layers):
+    tp, jp = f'transformer.encoder.layers.{i}', f'encoder_layers.{i}'
+    entries += _mha_entries(f'{tp}.self_attn', f'{jp}.self_attn', c)
+    entries += _ff_entries(tp, jp, c)
+    entries += _norm_entries(f'{tp}.norm1', f'{jp}.self_attn_norm')
+    entries += _norm_entries(f'{tp}.norm2', f'{jp}.ff_norm')
+  entries += _norm_entries('transformer.encoder.norm', 'encoder_norm')
+  for i in range(c.num_decoder_layers):
+    tp, jp = f'transformer.decoder.layers.{i}', f'decoder_layers.{i}'
+    entries += _mha_entries(f'{tp}.self_attn', f'{jp}.self_attn', c)
+    entries += _mha_entries(f'{tp}.multihead_attn', f'{jp}.cross_attn', c)
+    entries += _ff_entries(tp, jp, c)
+    entries += _norm_entries(f'{tp}.norm1', f'{jp}.self_attn_norm')
+    entries += _norm_entries(f'{tp}.norm2', f'{jp}.cross_attn_norm')
+    entries += _norm_entries(f'{tp}.norm3', f'{jp}.ff_norm')
+  entries += _norm_entries('transformer.decoder.norm', 'decoder_norm')
+  if c.tie_embeddings:
+    entries.append(_same('head.weight', 'embed.embedding'))
+  else:
+    entries.append(_matrix('head.weight', 'head', (c.d_model, c.vocab_size)))
+  return entries
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face GPT-2 layout.
+
+# Buffers (not parameters) that some GPT-2 checkpoints carry.
+_GPT2_BUFFERS = ('.attn.bias', '.attn.masked_bias')
+
+
+def _check_gpt2_config(c: ModelConfig) -> None:
+  wanted = dict(positional='learned', norm_first=True, norm='layernorm',
+                use_bias=True, final_norm=True, scale_embeddings=False)
+  wrong = [f'{k}={getattr(c, k)!r} (GPT-2 has {v!r})'
+           for k, v in wanted.items() if getattr(c, k) != v]
+  if c.kv_heads != c.num_heads:
+    wrong.append('grouped-query attention (GPT-2 has num_kv_heads = '
+                 'num_heads)')
+  if c.activation == 'swiglu':
+    wrong.append("activation='swiglu' (GPT-2 has a plain MLP)")
+  if wrong:
+    raise ValueError('The GPT-2 layout cannot hold ' + '; '.join(wrong) + '.')
+
+
+def gpt2_entries(c: ModelConfig) -> list[Entry]:
+  """The name/shape table of a Hugging Face GPT2LMHeadModel state_dict."""
+  _check_gpt2_config(c)
+  d, n, h, f = c.d_model, c.num_heads, c.head_dim, c.d_ff
+  entries = [_same('transformer.wte.weight', 'embed.embedding'),
+             _same('transformer.wpe.weight', 'position_embed.embedding')]
+  for i in range(c.num_decoder_layers):
+    tp, jp = f'transformer.h.{i}', f'layers.{i}'
+    qkv = tuple(f'{jp}.self_attn.{x}' for x in ('query', 'key', 'value'))
+    # Conv1D stores [in, out]: no transposes, only reshapes.
+    entries += [
+        _joined(f'{tp}.attn.c_attn.weight', qkv, (d, n, h), transpose=False),
+        _joined(f'{tp}.attn.c_attn.bias', tuple(p + '_bias' for p in qkv),
+                (n, h), transpose=False),
+        _matrix(f'{tp}.attn.c_proj.weight', f'{jp}.self_attn.out', (n, h, d),
+                in_axes=2, transpose=False),
+        _same(f'{tp}.attn.c_proj.bias', f'{jp}.self_attn.out_bias'),
+        _same(f'{tp}.mlp.c_fc.weight', f'{jp}.ff.wi'),
+        _same(f'{tp}.mlp.c_fc.bias', f'{jp}.ff.bi'),
+        _same(f'{tp}.mlp.c_proj.weight', f'{jp}.ff.wo'),
+        _same(f'{tp}.mlp.c_proj.bias', f'{jp}.ff.bo'),
+    ]
+    entries += _norm_entries(f'{tp}.ln_1', f'{jp}.self_attn_norm')
+    entries += _norm_entries(f'{tp}.ln_2', f'{jp}.ff_norm')
+  entries += _norm_entries('transformer.ln_f', 'norm')
+  if c.tie_embeddings:
+    entries.append(_same('lm_head.weight', 'embed.embedding'))
+  else:
+    entries.append(_matrix('lm_head.weight', 'head', (d, c.vocab_size)))
+  return entries
+
+
+# ----------------------------------------------------------------------------
+# Conversion, shared by both layouts.
+
+
+def _path_str(path) -> str:
+  return '.'.join(str(p) for p in path)
+
+
+def _params(model: nnx.Module) -> dict[str, jax.Array]:
+  state = nnx.state(model, nnx.Param)
+  return {_path_str(p): v[...] for p, v in nnx.to_flat_state(state)}
+
+
+def _to_numpy(value) -> np.ndarray:
+  """A torch tensor (without importing torch) or array-like as numpy."""
+  if hasattr(value, 'detach'):
+    value = value.detach().cpu()
+    if str(value.dtype) == 'torch.bfloat16':
+      value = value.float()
+    value = value.numpy()
+  return np.asarray(value)
+
+
+def export_state_dict(model: nnx.Module,
+                      entries: list[Entry]) -> dict[str, np.ndarray]:
+  """The model's parameters as a torch-layout dict of numpy arrays."""
+  params = _params(model)
+  return {e.torch_key: np.asarray(e.to_torch([params[p] for p in e.jax_paths]))
+          for e in entries}
+
+
+def _check_state_dict(state_dict: Mapping[str, np.ndarray],
+                      entries: list[Entry], shapes: dict[str, tuple],
+                      ignored_suffixes: tuple[str, ...]) -> None:
+  """Raises one error listing every missing, unexpected or misshapen key."""
+  problems = []
+  provided = set()
+  for e in entries:
+    abstract = [jax.ShapeDtypeStruct(shapes[p], np.float32)
+                for p in e.jax_paths]
+    expected = tuple(jax.eval_shape(e.to_torch, abstract).shape)
+    if e.torch_key not in state_dict:
+      # A tied head is often left out of saved checkpoints.
+      if not set(e.jax_paths) <= provided:
+        problems.append(f'missing key {e.torch_key!r} (expected shape '
+                        f'{expected})')
+      continue
+    provided.update(e.jax_paths)
+    got = tuple(np.shape(state_dict[e.torch_key]))
+    if got != expected:
+      problems.append(f'key {e.torch_key!r} has shape {got} but the model '
+                      f'expects {expected}')
+  known = {e.torch_key for e in entries}
+  for key in state_dict:
+    if key not in known and not key.endswith(ignored_suffixes):
+      problems.append(f'unexpected key {key!r} with shape '
+                      f'{tuple(np.shape(state_dict[key]))}')
+  if problems:
+    raise ValueError('State dict does not match the model:\n  ' +
+                     '\n  '.join(problems))
+
+
+def import_state_dict(state_dict: Mapping[str, object],
+                      build: Callable[[], nnx.Module], entries: list[Entry],
+                      dtype=jnp.float32,
+                      ignored_suffixes: tuple[str, ...] = ()) -> nnx.Module:
+  """Builds the module ``build()`` holding the tensors of ``state_dict``.
+
+  ``build`` is only traced (``nnx.eval_shape``): nothing is initialised.
+  """
+  state_dict = {k: _to_numpy(v) for k, v in state_dict.items()}
+  abstract = nnx.eval_shape(build)
+  graphdef, state = nnx.split(abstract)
+  flat = list(nnx.to_flat_state(state))
+  shapes = {_path_str(p): v.shape for p, v in flat}
+  _check_state_dict(state_dict, entries, shapes, ignored_suffixes)
+  values: dict[str, np.ndarray] = {}
+  for e in entries:
+    if e.torch_key not in state_dict:
+      continue
+    for path, array in zip(e.jax_paths, e.from_torch(state_dict[e.torch_key])):
+      if path in values and not np.array_equal(values[path], array):
+        raise ValueError(f'{e.torch_key!r} differs from the tensor already '
+                         f'loaded into {path!r}, but the config ties them.')
+      values[path] = array
+  leaves = [(p, v.replace(jnp.asarray(values[_path_str(p)], dtype)))
+            for p, v in flat]
+  return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def encoder_decoder_from_torch(state_dict: Mapping[str, object],
+                               config: ModelConfig) -> EncoderDecoder:
+  """An EncoderDecoder from the reference model's ``state_dict()``."""
+  return import_state_dict(state_dict, lambda: EncoderDecoder(config),
+                           encoder_decoder_entries(config),
+                           config.params_dtype)
+
+
+def encoder_decoder_to_torch(model: EncoderDecoder) -> dict[str, np.ndarray]:
+  """The reference model's state_dict (numpy) for an EncoderDecoder.
+
+  Load with ``ref.load_state_dict({k: torch.from_numpy(v) ...})``.
+  """
+  return export_state_dict(model, encoder_decoder_entries(model.config))
+
+
+def decoder_lm_from_gpt2(state_dict: Mapping[str, object],
+                         config: ModelConfig) -> DecoderLM:
+  """A DecoderLM from a Hugging Face ``GPT2LMHeadModel.state_dict()``."""
+  return import_state_dict(state_dict, lambda: DecoderLM(config),
+                           gpt2_entries(config), config.params_dtype,
+                           _GPT2_BUFFERS)
+
+
+def decoder_lm_to_gpt2(model: DecoderLM) -> dict[str, np.ndarray]:
+  """A Hugging Face GPT-2 state_dict (numpy) for a GPT-2-shaped DecoderLM."""
+  return export_state_dict(model, gpt2_entries(model.config))
