@@ -45,7 +45,10 @@ class Embed(nnx.Module):
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     self.config = config
-    init = nnx.initializers.normal(1.0 if config.scale_embeddings else 0.02)
+    # Scaled embeddings start at d^-0.5 so embed * sqrt(d) has unit scale
+    # (and a tied head starts with small logits).
+    std = config.d_model ** -0.5 if config.scale_embeddings else 0.02
+    init = nnx.initializers.normal(std)
     self.embedding = param(rngs, init, (config.vocab_size, config.d_model),
                            ('vocab', 'embed'), config.params_dtype)
 

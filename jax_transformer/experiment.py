@@ -1,0 +1,83 @@
+"""From an experiment config (ml_collections) to model, optimizer and state.
+
+Shared by the trainer and by checkpoint loading, so both build exactly the
+same pytrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+from flax import nnx
+
+from jax_transformer import optim
+from jax_transformer.config import ModelConfig
+from jax_transformer.models import DecoderLM, EncoderDecoder
+from jax_transformer.params import ModelDef, Params, abstract
+
+MODELS = {'decoder_lm': DecoderLM, 'encoder_decoder': EncoderDecoder}
+
+
+def model_class(cfg: ml_collections.ConfigDict) -> type:
+  if cfg.model_kind not in MODELS:
+    raise ValueError(f'model_kind must be one of {sorted(MODELS)}, got '
+                     f'{cfg.model_kind!r}.')
+  return MODELS[cfg.model_kind]
+
+
+def model_config(cfg: ml_collections.ConfigDict,
+                 tokenizer_vocab: int) -> ModelConfig:
+  """config.model's fields, with vocab_size None meaning the tokenizer's
+  (rounded up to ``config.vocab_multiple`` so it splits over 'tensor')."""
+  fields = cfg.model.to_dict()
+  known = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f'config.model has unknown fields {unknown}.')
+  if fields.get('vocab_size') is None:
+    multiple = int(cfg.get('vocab_multiple', 1))
+    fields['vocab_size'] = -(-tokenizer_vocab // multiple) * multiple
+  elif fields['vocab_size'] < tokenizer_vocab:
+    raise ValueError(f'config.model.vocab_size={fields["vocab_size"]} is '
+                     f'smaller than the tokenizer\'s {tokenizer_vocab}.')
+  return ModelConfig(**fields)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Setup:
+  """Everything static about one training run."""
+  model_config: ModelConfig
+  model_cls: type
+  model_def: ModelDef
+  abstract_params: Params
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+
+  def init_params(self, key: jax.Array) -> Params:
+    from jax_transformer.params import split  # pylint: disable=g-import-not-at-top
+    model = self.model_cls(self.model_config, nnx.Rngs(params=key))
+    return split(model)[1]
+
+  def init_state(self, seed: int) -> dict[str, Any]:
+    """A fresh train state (call under jit with out_shardings)."""
+    params_key, rng = jax.random.split(jax.random.key(seed))
+    params = self.init_params(params_key)
+    return {'params': params, 'opt_state': self.tx.init(params),
+            'step': jax.numpy.zeros((), jax.numpy.int32),
+            'rng': jax.random.key_data(rng)}
+
+  def abstract_state(self, seed: int = 0) -> dict[str, Any]:
+    return jax.eval_shape(lambda: self.init_state(seed))
+
+
+def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:
+  mc = model_config(cfg, tokenizer_vocab)
+  cls = model_class(cfg)
+  model_def, abstract_params = abstract(lambda: cls(mc, nnx.Rngs(0)))
+  schedule = optim.make_schedule(cfg.optim, mc.d_model, cfg.num_steps)
+  tx = optim.make_optimizer(cfg.optim, schedule, abstract_params)
+  return Setup(mc, cls, model_def, abstract_params, schedule, tx)

@@ -1,0 +1,229 @@
+"""The training loop: mesh, sharded init, jitted steps, eval, checkpoints.
+
+Everything impure lives here; the math is in ``steps.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_transformer import checkpoint, data, experiment, sharding, steps
+from jax_transformer.metrics import MetricWriter
+
+
+def log(*args) -> None:
+  if jax.process_index() == 0:
+    print(*args, flush=True)
+
+
+class Preemption:
+  """Turns SIGTERM into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def should_stop(self) -> bool:
+    if jax.process_count() == 1:
+      return self.requested
+    # Every process must stop at the same step.
+    flags = multihost_utils.process_allgather(np.array(self.requested))
+    return bool(np.any(flags))
+
+  def restore(self) -> None:
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
+  """Builds the dataset once (process 0 first, the others then load it)."""
+  def prepare():
+    return data.prepare(cfg.data.name, cfg.data.get('data_dir'),
+                        tokenizer=cfg.data.get('tokenizer'),
+                        vocab_size=cfg.data.get('vocab_size'),
+                        builder_kwargs=cfg.data.get('builder_kwargs'))
+  if jax.process_count() == 1:
+    return prepare()
+  if jax.process_index() == 0:
+    prepared = prepare()
+  multihost_utils.sync_global_devices('data prepared')
+  return prepared if jax.process_index() == 0 else prepare()
+
+
+def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses to resume a workdir trained with another model or data."""
+  saved = checkpoint.load_config(workdir)
+  if saved is None:
+    return
+  saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
+  for key in ('model_kind', 'model', 'data'):
+    if saved.get(key) != current.get(key):
+      raise ValueError(
+          f'{workdir} holds a run with a different config.{key}; use a new '
+          '--workdir or the same config to resume.')
+
+
+def state_shardings(setup: experiment.Setup, mesh, abstract_state):
+  """NamedShardings for the whole train state, planned before any compile."""
+  param_specs = sharding.param_specs(setup.model_def.logical_axes)
+  sharding.check_divisible(
+      {k: v.shape for k, v in setup.abstract_params.items()}, param_specs,
+      mesh)
+  opt_specs = optax.tree_map_params(
+      setup.tx, lambda _, spec: spec, abstract_state['opt_state'],
+      param_specs, transform_non_params=lambda _: PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  specs = {'params': param_specs, 'opt_state': opt_specs,
+           'step': PartitionSpec(), 'rng': PartitionSpec()}
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return shardings, param_specs
+
+
+def evaluate(eval_step, params, cfg, tokenizer, mesh) -> dict[str, float]:
+  """Loss and perplexity over the whole validation split."""
+  it = data.make_iterator(cfg.data, cfg.data.eval_split, tokenizer,
+                          batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+                          shuffle=False, num_epochs=1)
+  totals = None
+  for local in it:
+    sums = eval_step(params, data.global_batch(local, mesh))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = jax.device_get(totals)
+  loss = float(totals['nll'] / max(totals['tokens'], 1.0))
+  return {'eval_loss': loss, 'eval_perplexity': math.exp(min(loss, 50.0))}
+
+
+def sample(setup, params, tokenizer, cfg) -> str:
+  """A sample from the trained model, decoded to text."""
+  from jax_transformer import decoding  # pylint: disable=g-import-not-at-top
+  model = setup.model_def.merge(jax.device_get(params))
+  return decoding.sample_text(model, tokenizer, cfg.sample.prompt,
+                              max_new_tokens=cfg.sample.max_new_tokens,
+                              temperature=cfg.sample.temperature,
+                              top_k=cfg.sample.top_k, seed=cfg.seed)
+
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
+                       ) -> dict[str, Any]:
+  """Trains (resuming from workdir if it holds a checkpoint); returns the
+  last logged metrics."""
+  main = jax.process_index() == 0
+  check_resumable(cfg, workdir)
+  prepared = prepare_data(cfg)
+  saved_tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_DIR)
+  tokenizer = (data.load_tokenizer(saved_tokenizer)
+               if os.path.exists(saved_tokenizer) else prepared.tokenizer)
+  setup = experiment.setup(cfg, tokenizer.vocab_size)
+
+  mesh = sharding.make_mesh(cfg.mesh)
+  sharding.check_batch(cfg.batch_size, mesh)
+  sharding.check_batch(cfg.eval_batch_size, mesh)
+  abstract_state = setup.abstract_state(cfg.seed)
+  shardings, param_specs = state_shardings(setup, mesh, abstract_state)
+  log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
+                      param_specs, mesh))
+  if main:
+    checkpoint.save_side_files(workdir, cfg, tokenizer)
+
+  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  train_iter = data.make_iterator(cfg.data, 'train', tokenizer,
+                                  batch_size=cfg.batch_size,
+                                  seq_len=cfg.seq_len, seed=cfg.seed)
+  if checkpointer.latest_step() is not None:
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_state, shardings)
+    state, data_state = checkpointer.restore(abstract)
+    train_iter.set_state(data_state)
+    log(f'Resumed from step {int(state["step"])} in {workdir}.')
+  else:
+    state = jax.jit(lambda: setup.init_state(cfg.seed),
+                    out_shardings=shardings)()
+
+  replicated = NamedSharding(mesh, PartitionSpec())
+  batch_sharding = sharding.batch_sharding(mesh)
+  train_step = jax.jit(
+      steps.make_train_step(setup.model_def, setup.tx,
+                            cfg.optim.label_smoothing, cfg.optim.z_loss),
+      in_shardings=(shardings, batch_sharding),
+      out_shardings=(shardings, replicated), donate_argnums=0)
+  eval_step = jax.jit(steps.make_eval_step(setup.model_def),
+                      in_shardings=(shardings['params'], batch_sharding),
+                      out_shardings=replicated)
+
+  writer = MetricWriter(workdir, enabled=main)
+  preemption = Preemption()
+  step = int(jax.device_get(state['step']))
+  start_step, pending, last = step, [], {}
+  progress = _progress_bar(step, cfg.num_steps, main)
+  tick = time.perf_counter()
+  try:
+    while step < cfg.num_steps:
+      batch = data.global_batch(next(train_iter), mesh)
+      state, metrics = train_step(state, batch)
+      pending.append(metrics)
+      step += 1
+      done = step == cfg.num_steps
+      if step % cfg.log_every == 0 or done:
+        now = time.perf_counter()
+        last = _summarise(pending, now - tick, setup, cfg, step)
+        pending, tick = [], now
+        if step % cfg.eval_every == 0 or done:
+          last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
+                               mesh))
+          tick = time.perf_counter()
+        writer.write(step, last)
+        progress.set_postfix(loss=f'{last["loss"]:.3f}',
+                             tok_s=f'{last["tokens_per_s"]:,.0f}')
+      progress.update(1)
+      stop = preemption.should_stop()
+      if step % cfg.checkpoint_every == 0 or done or stop:
+        checkpointer.save(state, train_iter.get_state())
+      if stop:
+        log(f'\nSIGTERM: saved step {step}; exiting to resume later.')
+        break
+  finally:
+    progress.close()
+    checkpointer.wait()
+    checkpointer.close()
+    writer.close()
+    preemption.restore()
+  if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
+    log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+  return last
+
+
+def _summarise(pending, seconds, setup, cfg, step) -> dict[str, float]:
+  sums = jax.device_get(pending)
+  tokens = sum(float(m['tokens']) for m in sums)
+  updates = (step - 1) // int(cfg.optim.get('grad_accum_steps', 1))
+  return {
+      'loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
+      'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
+      'grad_norm': float(sums[-1]['grad_norm']),
+      'learning_rate': float(setup.schedule(updates)),
+      'tokens_per_s': tokens / max(seconds, 1e-9),
+  }
+
+
+def _progress_bar(initial: int, total: int, enabled: bool):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  return tqdm(total=total, initial=initial, disable=not enabled,
+              dynamic_ncols=True, desc='train')

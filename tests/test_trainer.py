@@ -1,0 +1,120 @@
+"""Sharded train steps, overfitting, and bad configs refused before compiling."""
+
+import sys
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+from configs import lm_shakespeare, translate_ende  # noqa: E402
+from jax_transformer import experiment, sharding, steps, trainer  # noqa: E402
+
+VOCAB = 64
+
+
+def lm_batch(b=8, t=16, seed=0):
+  rs = np.random.RandomState(seed)
+  ids = rs.randint(3, VOCAB, (b, t + 1)).astype(np.int32)
+  seg = np.ones((b, t), np.int32)
+  seg[1, 10:] = 0
+  return {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'segment_ids': seg,
+          'positions': np.broadcast_to(np.arange(t, dtype=np.int32), (b, t))}
+
+
+def tiny_cfg(**mesh):
+  cfg = lm_shakespeare.get_config('tiny')
+  cfg.model.update(d_model=32, num_heads=4, num_kv_heads=2, d_ff=64)
+  cfg.mesh.update(mesh)
+  return cfg
+
+
+def run_steps(cfg, batch, n=3, devices=None):
+  setup = experiment.setup(cfg, VOCAB)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  abstract = setup.abstract_state(cfg.seed)
+  shardings, _ = trainer.state_shardings(setup, mesh, abstract)
+  state = jax.jit(lambda: setup.init_state(cfg.seed),
+                  out_shardings=shardings)()
+  step = jax.jit(steps.make_train_step(setup.model_def, setup.tx),
+                 in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(shardings, NamedSharding(mesh,
+                                                         PartitionSpec())))
+  losses = []
+  for _ in range(n):
+    state, metrics = step(state, jax.device_put(
+        batch, sharding.batch_sharding(mesh)))
+    losses.append(float(metrics['loss'] / metrics['tokens']))
+  return state, losses
+
+
+def test_2x2x2_mesh_step_equals_single_device():
+  assert jax.device_count() == 8
+  batch = lm_batch()
+  one, losses_one = run_steps(tiny_cfg(data=1, fsdp=1, tensor=1), batch,
+                              devices=jax.devices()[:1])
+  eight, losses_eight = run_steps(tiny_cfg(data=2, fsdp=2, tensor=2), batch)
+  wi = eight['params']['layers.0.ff.wi']
+  assert wi.sharding.spec == PartitionSpec('fsdp', 'tensor')
+  assert len(wi.addressable_shards) == 8
+  np.testing.assert_allclose(losses_eight, losses_one, rtol=1e-5)
+  for key, value in one['params'].items():
+    np.testing.assert_allclose(eight['params'][key], value, atol=1e-5,
+                               err_msg=key)
+
+
+def test_loss_falls_when_overfitting_one_batch():
+  cfg = tiny_cfg(data=-1)
+  cfg.model.dropout_rate = 0.0
+  cfg.optim.update(schedule='constant', learning_rate=3e-3, warmup_steps=0)
+  _, losses = run_steps(cfg, lm_batch(), n=40)
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_encoder_decoder_step_runs_sharded():
+  cfg = translate_ende.get_config('tiny')
+  cfg.mesh.update(data=2, fsdp=2, tensor=2)
+  rs = np.random.RandomState(0)
+  b, s, t = 8, 12, 10
+  ones = lambda n: np.ones((b, n), np.int32)
+  pos = lambda n: np.broadcast_to(np.arange(n, dtype=np.int32), (b, n))
+  batch = {'src': rs.randint(3, VOCAB, (b, s)).astype(np.int32),
+           'src_segment_ids': ones(s), 'src_positions': pos(s),
+           'tgt_in': rs.randint(3, VOCAB, (b, t)).astype(np.int32),
+           'tgt_out': rs.randint(3, VOCAB, (b, t)).astype(np.int32),
+           'tgt_segment_ids': ones(t), 'tgt_positions': pos(t)}
+  _, losses = run_steps(cfg, batch, n=2)
+  assert np.isfinite(losses).all()
+
+
+@pytest.mark.parametrize('change, message', [
+    (lambda c: c.model.update(num_heads=3), 'not divisible by num_heads=3'),
+    (lambda c: c.mesh.update(data=16), 'needs 16 devices but 8 are'),
+    (lambda c: c.mesh.update(data=2, fsdp=1, tensor=4),
+     "mesh axis 'tensor' of size 4 does not divide"),
+    (lambda c: setattr(c, 'batch_size', 6), 'Batch size 6 is not divisible'),
+])
+def test_bad_configs_fail_in_one_sentence_before_compiling(
+    change, message, tmp_path, monkeypatch):
+  cfg = tiny_cfg(data=-1)
+  cfg.model.num_kv_heads = 2
+  change(cfg)
+  # Stand-in data so the test needs no corpus; compiling would call jit.
+  monkeypatch.setattr(trainer, 'prepare_data', lambda cfg: FakePrepared())
+  monkeypatch.setattr(jax, 'jit', forbidden_jit)
+  with pytest.raises(ValueError) as err:
+    trainer.train_and_evaluate(cfg, str(tmp_path))
+  assert message in str(err.value)
+  assert '\n' not in str(err.value)
+
+
+class FakePrepared:
+  class tokenizer:  # noqa: N801
+    vocab_size = VOCAB
+
+
+def forbidden_jit(*args, **kwargs):
+  raise AssertionError('compiled before validating the config')

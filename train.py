@@ -1,0 +1,45 @@
+"""Train a Transformer: python train.py --config configs/NAME.py[:preset] --workdir DIR.
+
+With no flags it runs the default job (configs/lm_shakespeare.py): a small
+decoder-only LM on the offline Shakespeare corpus. Override any config field
+with --config.a.b=value. Restarting with the same --workdir resumes.
+"""
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               'configs', 'lm_shakespeare.py')
+config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG,
+                                'Experiment config file[:preset].')
+flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, config and '
+                    'tokenizer go here (default: runs/<config name>).')
+flags.DEFINE_string('coordinator_address', None,
+                    'host:port of process 0, for multi-host runs without '
+                    'automatic cluster detection.')
+flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
+flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    # Orbax logs every file it writes at INFO.
+    logging.set_verbosity(logging.WARNING)
+  # Imported after flag parsing so --help stays fast.
+  from jax_transformer import distributed, trainer  # pylint: disable=g-import-not-at-top
+  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                         FLAGS.process_id)
+  cfg = FLAGS.config
+  workdir = FLAGS.workdir or os.path.join(
+      'runs', os.path.splitext(os.path.basename(
+          config_flags.get_config_filename(FLAGS['config'])))[0])
+  trainer.train_and_evaluate(cfg, workdir)
+
+
+if __name__ == '__main__':
+  app.run(main)
