@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -101,11 +100,11 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh) -> dict[str, float]:
   it = data.make_iterator(cfg.data, cfg.data.eval_split, tokenizer,
                           batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
                           shuffle=False, num_epochs=1)
-  totals = None
+  totals = {'nll': 0.0, 'tokens': 0.0}
   for local in it:
-    sums = eval_step(params, data.global_batch(local, mesh))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
+    # Summed on the host: eager ops on multi-process arrays would deadlock.
+    sums = jax.device_get(eval_step(params, data.global_batch(local, mesh)))
+    totals = {k: totals[k] + float(sums[k]) for k in totals}
   loss = float(totals['nll'] / max(totals['tokens'], 1.0))
   return {'eval_loss': loss, 'eval_perplexity': math.exp(min(loss, 50.0))}
 

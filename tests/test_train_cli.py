@@ -1,0 +1,131 @@
+"""train.py end to end: exact resume, another mesh, SIGTERM, two processes.
+
+These run the real CLI in subprocesses on the offline Shakespeare corpus.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jax_transformer import data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('tfds'))
+  data.prepare('shakespeare', path)
+  return path
+
+
+def train(workdir, data_dir, *flags, devices=8, wait=True, **popen):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  cmd = [sys.executable, os.path.join(ROOT, 'train.py'),
+         '--config', os.path.join(ROOT, 'configs/lm_shakespeare.py:tiny'),
+         '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
+         '--config.sample.enabled=False', *flags]
+  proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+  if not wait:
+    return proc
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out[-3000:]
+  return out
+
+
+def metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return {row['step']: row for row in map(json.loads, f)}
+
+
+def final_params(workdir):
+  from jax_transformer.checkpoint import load_for_inference
+  from jax_transformer.params import split
+  model, _ = load_for_inference(str(workdir))
+  return split(model)[1]
+
+
+def test_resume_is_bitwise_exact(tmp_path, data_dir):
+  flags = ['--config.log_every=1', '--config.eval_every=3',
+           '--config.checkpoint_every=3']
+  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
+  train(straight, data_dir, '--config.num_steps=6', *flags)
+  train(resumed, data_dir, '--config.num_steps=3', *flags)
+  out = train(resumed, data_dir, '--config.num_steps=6', *flags)
+  assert 'Resumed from step 3' in out
+  a, b = metrics(straight), metrics(resumed)
+  for step in (4, 5, 6):
+    for key in ('loss', 'grad_norm', 'learning_rate'):
+      assert a[step][key] == b[step][key], (step, key)
+  assert a[6]['eval_loss'] == b[6]['eval_loss']
+  pa, pb = final_params(straight), final_params(resumed)
+  for key in pa:
+    np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)
+  # Config and tokenizer are saved beside the checkpoints.
+  assert (resumed / 'config.json').exists()
+  assert (resumed / 'tokenizer' / 'tokenizer.json').exists()
+  assert list((resumed / 'tensorboard').iterdir())
+
+
+def test_restore_onto_another_mesh(tmp_path, data_dir):
+  work = tmp_path / 'w'
+  out = train(work, data_dir, '--config.num_steps=3', '--config.mesh.data=1',
+              '--config.mesh.fsdp=4', '--config.mesh.tensor=2')
+  assert "('fsdp', 'tensor')" in out  # the pre-flight report
+  out = train(work, data_dir, '--config.num_steps=5', devices=1)
+  assert 'Resumed from step 3' in out
+  assert np.isfinite(metrics(work)[5]['loss'])
+
+
+def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path, data_dir):
+  work = tmp_path / 'w'
+  proc = train(work, data_dir, '--config.num_steps=100000',
+               '--config.log_every=1', '--config.checkpoint_every=100000',
+               '--config.eval_every=100000', wait=False)
+  deadline = time.time() + 300
+  while time.time() < deadline:
+    if (work / 'metrics.jsonl').exists() and len(metrics(work)) >= 2:
+      break
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  assert 'SIGTERM: saved step' in out
+  saved = int(out.split('SIGTERM: saved step ')[1].split(';')[0])
+  assert (work / 'checkpoints' / str(saved)).exists()
+  out = train(work, data_dir, f'--config.num_steps={saved + 2}',
+              '--config.eval_every=100000')
+  assert f'Resumed from step {saved}' in out
+  assert saved + 2 in metrics(work)
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
+  work = tmp_path / 'w'
+  address = f'127.0.0.1:{free_port()}'
+  procs = [train(work, data_dir, '--config.num_steps=4',
+                 '--config.checkpoint_every=4', f'--coordinator_address='
+                 f'{address}', '--num_processes=2', f'--process_id={i}',
+                 devices=4, wait=False) for i in range(2)]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  assert "'data': 8" in outs[0]  # one mesh over both processes' devices
+  assert 'mesh' not in outs[1]   # only process 0 logs
+  assert (work / 'checkpoints' / '4').exists()
+  assert 4 in metrics(work)
