@@ -110,13 +110,30 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh) -> dict[str, float]:
 
 
 def sample(setup, params, tokenizer, cfg) -> str:
-  """A sample from the trained model, decoded to text."""
-  from jax_transformer import decoding  # pylint: disable=g-import-not-at-top
-  model = setup.model_def.merge(jax.device_get(params))
-  return decoding.sample_text(model, tokenizer, cfg.sample.prompt,
-                              max_new_tokens=cfg.sample.max_new_tokens,
-                              temperature=cfg.sample.temperature,
-                              top_k=cfg.sample.top_k, seed=cfg.seed)
+  """A sample from the trained model (LM: continues config.sample.prompt;
+  translation: translates it), decoded to text."""
+  from jax_transformer import decoding, sampling  # pylint: disable=g-import-not-at-top
+  params = multihost_utils.process_allgather(params, tiled=True)
+  model = setup.model_def.merge(params)
+  s = cfg.sample
+  text = [tokenizer.encode(s.prompt)]
+  sampler = sampling.Sampler(s.temperature, s.top_k or None)
+  key = jax.random.key(cfg.seed)
+  if cfg.model_kind == 'encoder_decoder':
+    out = decoding.generate(model, src_ids=[text[0] + [data.EOS_ID]],
+                            max_new_tokens=s.max_new_tokens, sampler=sampler,
+                            key=key)
+    return tokenizer.decode(_upto(out, 0))
+  if data.get_spec(cfg.data.name).lm_mode != 'stream':
+    text = [[data.BOS_ID] + text[0]]
+  out = decoding.generate(model, text, max_new_tokens=s.max_new_tokens,
+                          sampler=sampler, key=key)
+  return s.prompt + tokenizer.decode(_upto(out, 0))
+
+
+def _upto(generation, row: int) -> list[int]:
+  tokens = np.asarray(generation.tokens[row])
+  return tokens[:int(generation.lengths[row])].tolist()
 
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
