@@ -41,6 +41,7 @@ def base_config() -> ConfigDict:
   c.num_steps = 600
   c.log_every = 50
   c.eval_every = 200
+  c.eval_steps = optional(int)  # unset: the whole validation split
   c.checkpoint_every = 200
   c.keep_checkpoints = 3
   c.seed = 0

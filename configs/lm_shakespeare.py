@@ -18,6 +18,7 @@ def get_config(preset: str | None = None) -> ConfigDict:
     c.seq_len = 32
     c.batch_size = c.eval_batch_size = 8
     c.num_steps = 6
+    c.eval_steps = 4
     c.log_every = c.eval_every = c.checkpoint_every = 3
     c.sample.max_new_tokens = 16
   elif preset:

@@ -45,6 +45,7 @@ def get_config(preset: str | None = None) -> ConfigDict:
     c.seq_len = c.data.src_len = 24
     c.batch_size = c.eval_batch_size = 8
     c.num_steps = 4
+    c.eval_steps = 4
     c.log_every = c.eval_every = c.checkpoint_every = 2
     c.optim.warmup_steps = 2
     c.sample.max_new_tokens = 8

@@ -5,6 +5,7 @@ Everything impure lives here; the math is in ``steps.py``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -96,12 +97,14 @@ def state_shardings(setup: experiment.Setup, mesh, abstract_state):
 
 
 def evaluate(eval_step, params, cfg, tokenizer, mesh) -> dict[str, float]:
-  """Loss and perplexity over the whole validation split."""
+  """Loss and perplexity over the validation split (or its first
+  config.eval_steps batches)."""
   it = data.make_iterator(cfg.data, cfg.data.eval_split, tokenizer,
                           batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
                           shuffle=False, num_epochs=1)
   totals = {'nll': 0.0, 'tokens': 0.0}
-  for local in it:
+  # Every host runs the same number of batches (the pipeline pads shards).
+  for local in itertools.islice(it, cfg.get('eval_steps')):
     # Summed on the host: eager ops on multi-process arrays would deadlock.
     sums = jax.device_get(eval_step(params, data.global_batch(local, mesh)))
     totals = {k: totals[k] + float(sums[k]) for k in totals}

@@ -1,0 +1,33 @@
+"""Input pipeline: TFDS builders, tokenizers, batching/packing, Grain iterators.
+
+Typical use (see docs/data.md)::
+
+  from jax_transformer import data
+  prepared = data.prepare('shakespeare')               # build once, cheap after
+  it = data.make_iterator({'name': 'shakespeare'}, 'train', prepared.tokenizer,
+                          batch_size=64, seq_len=256, seed=0)
+  batch = next(it)  # inputs, targets, segment_ids, positions: [64, 256]
+
+TFDS and the builders are imported only when a dataset is read or built.
+"""
+
+from jax_transformer.data.batching import (lm_example, lm_layout,
+                                           translation_example,
+                                           translation_layout)
+from jax_transformer.data.datasets import (DATASETS, DatasetSpec,
+                                           PreparedData, default_data_dir,
+                                           get_spec, load_source, prepare)
+from jax_transformer.data.pipeline import (DataConfig, global_batch,
+                                           make_dataset, make_iterator)
+from jax_transformer.data.tokenizers import (BOS_ID, EOS_ID, PAD_ID, UNK_ID,
+                                             ByteTokenizer,
+                                             SentencePieceTokenizer,
+                                             load_tokenizer)
+
+__all__ = [
+    'BOS_ID', 'ByteTokenizer', 'DATASETS', 'DataConfig', 'DatasetSpec',
+    'EOS_ID', 'PAD_ID', 'PreparedData', 'SentencePieceTokenizer', 'UNK_ID',
+    'default_data_dir', 'get_spec', 'global_batch', 'lm_example', 'lm_layout',
+    'load_source', 'load_tokenizer', 'make_dataset', 'make_iterator',
+    'prepare', 'translation_example', 'translation_layout',
+]
