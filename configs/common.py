@@ -54,3 +54,23 @@ def base_config() -> ConfigDict:
   c.sample = ConfigDict(dict(enabled=True, prompt='ROMEO:', max_new_tokens=200,
                              temperature=0.8, top_k=40))
   return c
+
+
+def paper_model(**overrides) -> ConfigDict:
+  """The paper's encoder-decoder wiring: post-norm, ReLU, sinusoidal
+  positions, embeddings scaled by sqrt(d_model), biases (nn.Transformer)."""
+  fields = dict(activation='relu', norm_first=False, positional='sinusoidal',
+                scale_embeddings=True, use_bias=True)
+  return model_fields(**{**fields, **overrides})
+
+
+def paper_translation(c: ConfigDict, warmup_steps: int) -> ConfigDict:
+  """The paper's training recipe on an encoder-decoder config: Adam(0.9,
+  0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1."""
+  c.model_kind = 'encoder_decoder'
+  c.optim.update(optimizer='adam', schedule='rsqrt',
+                 warmup_steps=warmup_steps, lr_scale=1.0, b1=0.9, b2=0.98,
+                 eps=1e-9, weight_decay=0.0, clip_norm=0.0,
+                 label_smoothing=0.1)
+  c.sample.temperature = 0.0
+  return c

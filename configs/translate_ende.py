@@ -8,17 +8,14 @@ Presets: (none) a few-hour CPU run; tiny: a seconds-long smoke run.
 
 from ml_collections import ConfigDict
 
-from configs.common import base_config, model_fields
+from configs.common import base_config, paper_model, paper_translation
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
-  c = base_config()
-  c.model_kind = 'encoder_decoder'
-  c.model = model_fields(
+  c = paper_translation(base_config(), warmup_steps=1000)
+  c.model = paper_model(
       d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
-      d_ff=1024, dropout_rate=0.1, attention_dropout_rate=0.1,
-      activation='relu', norm_first=False, positional='sinusoidal',
-      scale_embeddings=True, use_bias=True, max_len=128)
+      d_ff=1024, dropout_rate=0.1, attention_dropout_rate=0.1, max_len=128)
   c.data.name = 'ding_en_de'
   c.data.direction = 'en-de'
   c.data.src_len = 48
@@ -29,18 +26,11 @@ def get_config(preset: str | None = None) -> ConfigDict:
   c.log_every = 100
   c.eval_every = 1000
   c.checkpoint_every = 1000
-  c.optim.update(optimizer='adam', schedule='rsqrt', warmup_steps=1000,
-                 lr_scale=1.0, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0,
-                 clip_norm=0.0, label_smoothing=0.1)
   c.sample.prompt = 'The weather is nice today.'
   c.sample.max_new_tokens = 40
-  c.sample.temperature = 0.0
   if preset == 'tiny':
-    c.model = model_fields(
-        d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-        d_ff=64, activation='relu', norm_first=False,
-        positional='sinusoidal', scale_embeddings=True, use_bias=True,
-        max_len=64)
+    c.model = paper_model(d_model=32, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=1, d_ff=64, max_len=64)
     c.data.vocab_size = 1000
     c.seq_len = c.data.src_len = 24
     c.batch_size = c.eval_batch_size = 8

@@ -10,17 +10,15 @@ Preset big: the paper's big model (300k steps, dropout 0.3).
 
 from ml_collections import ConfigDict
 
-from configs.common import base_config, model_fields
+from configs.common import base_config, paper_model, paper_translation
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
-  c = base_config()
-  c.model_kind = 'encoder_decoder'
-  c.model = model_fields(
+  c = paper_translation(base_config(), warmup_steps=4000)
+  c.model = paper_model(
       d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6,
-      d_ff=2048, dropout_rate=0.1, attention_dropout_rate=0.1,
-      activation='relu', norm_first=False, positional='sinusoidal',
-      scale_embeddings=True, use_bias=True, max_len=512, dtype='bfloat16')
+      d_ff=2048, dropout_rate=0.1, attention_dropout_rate=0.1, max_len=512,
+      dtype='bfloat16')
   c.vocab_multiple = 8  # 37000 stays 37000: the paper's 63,084,544.
   c.data.name = 'wmt14_translate/de-en'
   c.data.direction = 'en-de'
@@ -36,12 +34,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
   c.log_every = 100
   c.eval_every = 5000
   c.checkpoint_every = 2000
-  c.optim.update(optimizer='adam', schedule='rsqrt', warmup_steps=4000,
-                 lr_scale=1.0, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0,
-                 clip_norm=0.0, label_smoothing=0.1)
   c.sample.prompt = 'The cat sat on the mat.'
   c.sample.max_new_tokens = 64
-  c.sample.temperature = 0.0
   if preset == 'big':
     c.model.update(d_model=1024, num_heads=16, d_ff=4096, dropout_rate=0.3,
                    attention_dropout_rate=0.3)
