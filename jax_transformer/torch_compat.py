@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_transformer import params as params_lib
 from jax_transformer.config import ModelConfig
 from jax_transformer.models import DecoderLM, EncoderDecoder
 
@@ -213,15 +214,6 @@ def gpt2_entries(c: ModelConfig) -> list[Entry]:
 # Conversion, shared by both layouts.
 
 
-def _path_str(path) -> str:
-  return '.'.join(str(p) for p in path)
-
-
-def _params(model: nnx.Module) -> dict[str, jax.Array]:
-  state = nnx.state(model, nnx.Param)
-  return {_path_str(p): v[...] for p, v in nnx.to_flat_state(state)}
-
-
 def _to_numpy(value) -> np.ndarray:
   """A torch tensor (without importing torch) or array-like as numpy."""
   if hasattr(value, 'detach'):
@@ -235,7 +227,7 @@ def _to_numpy(value) -> np.ndarray:
 def export_state_dict(model: nnx.Module,
                       entries: list[Entry]) -> dict[str, np.ndarray]:
   """The model's parameters as a torch-layout dict of numpy arrays."""
-  params = _params(model)
+  params = params_lib.split(model)[1]
   return {e.torch_key: np.asarray(e.to_torch([params[p] for p in e.jax_paths]))
           for e in entries}
 
@@ -280,10 +272,8 @@ def import_state_dict(state_dict: Mapping[str, object],
   ``build`` is only traced (``nnx.eval_shape``): nothing is initialised.
   """
   state_dict = {k: _to_numpy(v) for k, v in state_dict.items()}
-  abstract = nnx.eval_shape(build)
-  graphdef, state = nnx.split(abstract)
-  flat = list(nnx.to_flat_state(state))
-  shapes = {_path_str(p): v.shape for p, v in flat}
+  model_def, abstract = params_lib.abstract(build)
+  shapes = {k: v.shape for k, v in abstract.items()}
   _check_state_dict(state_dict, entries, shapes, ignored_suffixes)
   values: dict[str, np.ndarray] = {}
   for e in entries:
@@ -294,9 +284,8 @@ def import_state_dict(state_dict: Mapping[str, object],
         raise ValueError(f'{e.torch_key!r} differs from the tensor already '
                          f'loaded into {path!r}, but the config ties them.')
       values[path] = array
-  leaves = [(p, v.replace(jnp.asarray(values[_path_str(p)], dtype)))
-            for p, v in flat]
-  return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+  return model_def.merge({k: jnp.asarray(v, dtype)
+                          for k, v in values.items()})
 
 
 def encoder_decoder_from_torch(state_dict: Mapping[str, object],
