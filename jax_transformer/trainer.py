@@ -37,7 +37,11 @@ class Preemption:
     self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
-    del signum, frame
+    del frame
+    if self.requested:
+      # A second SIGTERM ends a process that cannot reach its next step.
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
     self.requested = True
 
   def should_stop(self) -> bool:

@@ -122,7 +122,11 @@ def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
                  '--config.checkpoint_every=4', f'--coordinator_address='
                  f'{address}', '--num_processes=2', f'--process_id={i}',
                  devices=4, wait=False) for i in range(2)]
-  outs = [p.communicate(timeout=300)[0] for p in procs]
+  try:
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
   assert "'data': 8" in outs[0]  # one mesh over both processes' devices
