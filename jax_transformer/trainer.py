@@ -123,18 +123,18 @@ def sample(setup, params, tokenizer, cfg) -> str:
   params = multihost_utils.process_allgather(params, tiled=True)
   model = setup.model_def.merge(params)
   s = cfg.sample
-  text = [tokenizer.encode(s.prompt)]
+  ids = tokenizer.encode(s.prompt)
   sampler = sampling.Sampler(s.temperature, s.top_k or None)
   key = jax.random.key(cfg.seed)
   if cfg.model_kind == 'encoder_decoder':
-    out = decoding.generate(model, src_ids=[text[0] + [data.EOS_ID]],
+    out = decoding.generate(model, src_ids=[data.translation_source(ids)],
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(_upto(out, 0))
-  if data.get_spec(cfg.data.name).lm_mode != 'stream':
-    text = [[data.BOS_ID] + text[0]]
-  out = decoding.generate(model, text, max_new_tokens=s.max_new_tokens,
-                          sampler=sampler, key=key)
+  stream = data.get_spec(cfg.data.name).lm_mode == 'stream'
+  out = decoding.generate(model, [data.lm_prompt(ids, stream)],
+                          max_new_tokens=s.max_new_tokens, sampler=sampler,
+                          key=key)
   return s.prompt + tokenizer.decode(_upto(out, 0))
 
 

@@ -11,9 +11,10 @@ Typical use (see docs/data.md)::
 TFDS and the builders are imported only when a dataset is read or built.
 """
 
-from jax_transformer.data.batching import (lm_example, lm_layout,
+from jax_transformer.data.batching import (lm_example, lm_layout, lm_prompt,
                                            translation_example,
-                                           translation_layout)
+                                           translation_layout,
+                                           translation_source)
 from jax_transformer.data.datasets import (DATASETS, DatasetSpec,
                                            PreparedData, default_data_dir,
                                            get_spec, load_source, prepare)
@@ -28,6 +29,7 @@ __all__ = [
     'BOS_ID', 'ByteTokenizer', 'DATASETS', 'DataConfig', 'DatasetSpec',
     'EOS_ID', 'PAD_ID', 'PreparedData', 'SentencePieceTokenizer', 'UNK_ID',
     'default_data_dir', 'get_spec', 'global_batch', 'lm_example', 'lm_layout',
-    'load_source', 'load_tokenizer', 'make_dataset', 'make_iterator',
-    'prepare', 'translation_example', 'translation_layout',
+    'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
+    'make_iterator', 'prepare', 'translation_example', 'translation_layout',
+    'translation_source',
 ]

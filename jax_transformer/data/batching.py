@@ -90,9 +90,20 @@ def translation_example(src_ids: Sequence[int],
                         tgt_ids: Sequence[int]) -> dict[str, np.ndarray]:
   """src+[EOS]; tgt_in = [BOS]+tgt and tgt_out = tgt+[EOS] (teacher forcing)."""
   src, tgt = _ids(src_ids), _ids(tgt_ids)
-  return {'src': np.concatenate([src, [EOS_ID]]).astype(np.int32),
+  return {'src': _ids(translation_source(src)),
           'tgt_in': np.concatenate([[BOS_ID], tgt]).astype(np.int32),
           'tgt_out': np.concatenate([tgt, [EOS_ID]]).astype(np.int32)}
+
+
+def lm_prompt(ids: Sequence[int], stream: bool) -> list[int]:
+  """A prompt laid out as in training: a stream LM (lm_mode 'stream') saw
+  raw token windows, a per-example LM saw BOS first."""
+  return list(ids) if stream else [BOS_ID, *ids]
+
+
+def translation_source(ids: Sequence[int]) -> list[int]:
+  """A source sentence as in training: ids + [EOS]."""
+  return [*ids, EOS_ID]
 
 
 def empty_example(layout: Layout) -> dict[str, np.ndarray]:
