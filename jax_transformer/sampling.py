@@ -1,0 +1,114 @@
+"""Token choosers: pure functions of ``(logits [B, V], key) -> ids [B]``.
+
+``greedy`` takes the argmax. :class:`Sampler` draws from the softmax after
+three optional filters, applied in this order (as Hugging Face does):
+
+1. temperature: logits / temperature (0 means greedy);
+2. top-k: keep the k most likely tokens (ties go to the lower id);
+3. top-p (nucleus): keep the smallest set of most likely tokens whose
+   probability (after 1 and 2) reaches p.
+
+Everything here is jit-able and deterministic for a given key. A sampler is a
+hashable value, so the decoding loops take it as a static argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+_BLOCKED = -jnp.inf
+
+
+def greedy(logits: Array, key: Array | None = None) -> Array:
+  """The most likely token (the lowest id among ties): [B, V] -> [B] int32."""
+  del key  # Deterministic; the argument keeps the chooser signature.
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def top_k_mask(logits: Array, k: int) -> Array:
+  """True on the k largest logits of each row: [B, V] -> [B, V] bool.
+
+  Exactly k per row (k clipped to V); among equal logits the lower id wins,
+  so k = 1 keeps exactly the greedy token.
+  """
+  v = logits.shape[-1]
+  k = min(k, v)
+  _, index = jax.lax.top_k(logits, k)                       # [B, k]
+  rows = jnp.arange(logits.shape[0])[:, None]
+  return jnp.zeros(logits.shape, bool).at[rows, index].set(True)
+
+
+def top_p_mask(logits: Array, p: float) -> Array:
+  """The nucleus: True on the fewest most likely tokens with mass >= p.
+
+  logits [B, V] (blocked entries -inf) -> [B, V] bool. A token is kept when
+  the probability of the strictly more likely tokens (ties ordered by id) is
+  below p, so the most likely token is always kept.
+  """
+  v = logits.shape[-1]
+  ordered, index = jax.lax.top_k(logits, v)                 # descending
+  probs = jax.nn.softmax(ordered, axis=-1)
+  before = jnp.cumsum(probs, axis=-1) - probs
+  keep_ordered = before < p
+  rows = jnp.arange(logits.shape[0])[:, None]
+  return jnp.zeros(logits.shape, bool).at[rows, index].set(keep_ordered)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+  """Temperature, top-k and top-p sampling, composable.
+
+  ``Sampler()`` samples from the model's distribution; ``Sampler(0.0)`` and
+  ``Sampler(top_k=1)`` are greedy. ``top_k=None`` and ``top_p=None`` (or
+  1.0) switch those filters off.
+  """
+
+  temperature: float = 1.0
+  top_k: int | None = None
+  top_p: float | None = None
+
+  def __post_init__(self):
+    t, k, p = self.temperature, self.top_k, self.top_p
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+      raise ValueError(f'Sampler: temperature must be a number >= 0, got {t!r}.')
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)
+                          or k < 1):
+      raise ValueError(f'Sampler: top_k must be a positive integer or None, '
+                       f'got {k!r}.')
+    if p is not None and (isinstance(p, bool)
+                          or not isinstance(p, (int, float))
+                          or not 0.0 < p <= 1.0):
+      raise ValueError(f'Sampler: top_p must be in (0, 1] or None, got {p!r}.')
+
+  @property
+  def is_greedy(self) -> bool:
+    """True when the choice does not depend on the key."""
+    return self.temperature == 0 or self.top_k == 1
+
+  def filter_logits(self, logits: Array) -> Array:
+    """Tempered float32 logits [B, V], -inf outside the allowed tokens."""
+    logits = logits.astype(jnp.float32)
+    if self.temperature != 1:
+      logits = logits / jnp.float32(self.temperature)
+    if self.top_k is not None and self.top_k < logits.shape[-1]:
+      logits = jnp.where(top_k_mask(logits, self.top_k), logits, _BLOCKED)
+    if self.top_p is not None and self.top_p < 1.0:
+      logits = jnp.where(top_p_mask(logits, self.top_p), logits, _BLOCKED)
+    return logits
+
+  def __call__(self, logits: Array, key: Array) -> Array:
+    """logits [B, V], key -> token ids [B] int32."""
+    if self.is_greedy:
+      return greedy(logits)
+    return jax.random.categorical(key, self.filter_logits(logits),
+                                  axis=-1).astype(jnp.int32)
+
+
+def is_deterministic(sampler) -> bool:
+  """Whether ``sampler`` ignores its key (greedy or a greedy Sampler)."""
+  return sampler is greedy or bool(getattr(sampler, 'is_greedy', False))
