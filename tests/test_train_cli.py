@@ -27,11 +27,12 @@ def data_dir(tmp_path_factory):
   return path
 
 
-def train(workdir, data_dir, *flags, devices=8, wait=True, **popen):
+def train(workdir, data_dir, *flags, devices=8, wait=True,
+          config='lm_shakespeare', **popen):
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
   cmd = [sys.executable, os.path.join(ROOT, 'train.py'),
-         '--config', os.path.join(ROOT, 'configs/lm_shakespeare.py:tiny'),
+         '--config', os.path.join(ROOT, f'configs/{config}.py:tiny'),
          '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
          '--config.sample.enabled=False', *flags]
   proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
@@ -133,3 +134,34 @@ def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
   assert 'mesh' not in outs[1]   # only process 0 logs
   assert (work / 'checkpoints' / '4').exists()
   assert 4 in metrics(work)
+
+
+def generate(workdir, *flags):
+  return subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'scripts/generate.py'),
+       '--workdir', str(workdir), *flags], cwd=ROOT, capture_output=True,
+      text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+
+
+@pytest.mark.parametrize('config', ['lm_shakespeare', 'translate_ende'])
+def test_trained_checkpoint_decodes_through_the_cli(tmp_path, data_dir,
+                                                    config):
+  work = tmp_path / 'w'
+  out = train(work, data_dir, '--config.num_steps=2', config=config)
+  assert 'Sample' not in out
+  text = 'To be, or not to be'
+  greedy = generate(work, '--input', text, '--max_new_tokens', '12')
+  assert greedy.returncode == 0, greedy.stderr[-2000:]
+  again = generate(work, '--input', text, '--max_new_tokens', '12')
+  assert again.stdout == greedy.stdout  # greedy is deterministic
+  beam = generate(work, '--input', text, '--beam_size', '3',
+                  '--max_new_tokens', '12')
+  assert beam.returncode == 0, beam.stderr[-2000:]
+  sampled = generate(work, '--input', text, '--temperature', '0.9',
+                     '--top_k', '20', '--seed', '3', '--max_new_tokens', '12')
+  assert sampled.returncode == 0, sampled.stderr[-2000:]
+  if config == 'lm_shakespeare':
+    assert greedy.stdout.startswith(text)
+  empty = generate(work, '--input', '  ')
+  assert empty.returncode == 2
+  assert empty.stderr.count('\n') == 1 and 'empty' in empty.stderr
