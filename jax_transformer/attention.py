@@ -136,6 +136,8 @@ class Attention(nnx.Module):
     if self.config.use_bias:
       y = y + getattr(self, kernel + '_bias')[...].astype(dtype)
     if self.rotary and kernel != 'value':
+      if positions is None:
+        raise ValueError('Rotary attention needs positions [B, T].')
       y = rotate(y, positions, self.config.rope_base)
     return y
 

@@ -99,6 +99,10 @@ class ModelConfig:
     if self.attention_implementation not in (None, 'xla', 'cudnn'):
       yield ('attention_implementation must be None, "xla" or "cudnn", got '
              f'{self.attention_implementation!r}.')
+    if (self.attention_implementation == 'cudnn'
+        and self.dtype not in ('bfloat16', 'float16')):
+      yield ("attention_implementation='cudnn' needs dtype 'bfloat16' or "
+             f"'float16' (cuDNN attention has no float32), got {self.dtype!r}.")
     if self.layer_norm_eps <= 0:
       yield f'layer_norm_eps must be positive, got {self.layer_norm_eps!r}.'
 

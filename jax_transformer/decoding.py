@@ -173,11 +173,10 @@ def _prepare(model, prompt_ids, prompt_mask, src_ids, src_mask, *,
   if src is not None and src.shape[0] != prompt.shape[0]:
     raise ValueError(f'src_ids has {src.shape[0]} rows but prompt_ids has '
                      f'{prompt.shape[0]}; give one target prefix per source.')
-  if (src is not None and model.config.positional == 'learned'
-      and src.shape[1] > model.config.max_len):
-    raise ValueError(f'src_ids has length {src.shape[1]}, longer than the '
-                     f"model's max_len={model.config.max_len} (learned "
-                     'positions).')
+  for name, ids in (('src_ids', src), ('prompt_ids', prompt)):
+    if ids is not None and ids.shape[1] > model.config.max_len:
+      raise ValueError(f'{name} has length {ids.shape[1]}, longer than the '
+                       f"model's max_len={model.config.max_len}.")
   return _Inputs(prompt, prompt_mask, src, src_mask)
 
 

@@ -74,8 +74,18 @@ class Setup:
     return jax.eval_shape(lambda: self.init_state(seed))
 
 
+def check_lengths(cfg: ml_collections.ConfigDict, mc: ModelConfig) -> None:
+  """Sequences must fit the model's max_len (a learned table has no more)."""
+  for name, length in (('seq_len', cfg.seq_len),
+                       ('data.src_len', cfg.data.get('src_len'))):
+    if length is not None and length > mc.max_len:
+      raise ValueError(f'config.{name}={length} exceeds model.max_len='
+                       f'{mc.max_len}; raise max_len or shorten sequences.')
+
+
 def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:
   mc = model_config(cfg, tokenizer_vocab)
+  check_lengths(cfg, mc)
   cls = model_class(cfg)
   model_def, abstract_params = abstract(lambda: cls(mc, nnx.Rngs(0)))
   schedule = optim.make_schedule(cfg.optim, mc.d_model, cfg.num_steps)

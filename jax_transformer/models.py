@@ -208,6 +208,9 @@ class EncoderDecoder(_Transformer):
     tgt_ids [B, T], memory [B, S, D] -> logits [B, T, V] (float32).
     """
     t = tgt_ids.shape[1]
+    if (src_segment_ids is None) != (tgt_segment_ids is None):
+      raise ValueError('Packed batches need both src_segment_ids and '
+                       'tgt_segment_ids (or neither).')
     if tgt_positions is None:
       tgt_positions = default_positions(tgt_ids, tgt_mask, tgt_segment_ids)
     self_mask = attn.combine(attn.causal_mask(jnp.arange(t), jnp.arange(t)),

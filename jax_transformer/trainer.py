@@ -78,9 +78,14 @@ def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
   saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
   for key in ('model_kind', 'model', 'data'):
     if saved.get(key) != current.get(key):
+      old, new = saved.get(key), current.get(key)
+      fields = (sorted(f for f in set(old) | set(new)
+                       if old.get(f) != new.get(f))
+                if isinstance(old, dict) and isinstance(new, dict) else [])
       raise ValueError(
-          f'{workdir} holds a run with a different config.{key}; use a new '
-          '--workdir or the same config to resume.')
+          f'{workdir} holds a run with a different config.{key}'
+          + (f' ({", ".join(fields)})' if fields else '')
+          + '; use a new --workdir or the same config to resume.')
 
 
 def state_shardings(setup: experiment.Setup, mesh, abstract_state):

@@ -14,6 +14,7 @@ from jax_transformer.blocks import EncoderLayer
     (dict(vocab_size=0), 'vocab_size must be a positive integer'),
     (dict(dtype='int8'), "dtype='int8' is not one of"),
     (dict(num_encoder_layers=-1), 'num_encoder_layers must be'),
+    (dict(attention_implementation='cudnn'), "needs dtype 'bfloat16'"),
 ])
 def test_bad_values_name_the_field(changes, words):
   with pytest.raises(ValueError) as err:

