@@ -15,6 +15,9 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -29,7 +32,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     self.manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), 'checkpoints'),
+        os.path.join(os.path.abspath(workdir), 'checkpoints'),  # local/NFS
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save,
             create=True))
@@ -38,12 +41,15 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, state: dict[str, Any], data_state: Any) -> None:
+    """Saves the state and every process's data-iterator state (all
+    processes call this together)."""
     step = int(jax.device_get(state['step']))
     train = {k: v for k, v in state.items() if k != 'params'}
     self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state['params']),
         train=ocp.args.StandardSave(train),
-        data=ocp.args.JsonSave(data_state)), force=True)
+        data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
+                      force=True)
 
   def restore(self, abstract_state: dict[str, Any],
               step: int | None = None) -> tuple[dict[str, Any], Any]:
@@ -59,7 +65,8 @@ class Checkpointer:
       raise ValueError(
           f'Checkpoint at step {step} in {self.manager.directory} does not '
           f'match this model/optimizer config: {err}') from err
-    return dict(got['train'], params=got['params']), got['data']
+    return dict(got['train'], params=got['params']), _own_data_state(
+        got['data']['processes'])
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -68,13 +75,45 @@ class Checkpointer:
     self.manager.close()
 
 
+def _gather_json(value: Any) -> list[Any]:
+  """Every process's JSON-able value, in process order (a collective).
+
+  Only process 0 writes JSON items, and each host's iterator is at its own
+  position (packing makes them differ), so all positions are saved.
+  """
+  if jax.process_count() == 1:
+    return [value]
+  blob = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  lengths = multihost_utils.process_allgather(np.int32(blob.size))
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(b[:n])) for b, n in zip(blobs, lengths)]
+
+
+def _own_data_state(states: list[Any]) -> Any:
+  """This process's saved iterator state."""
+  if len(states) != jax.process_count():
+    # Another number of hosts reads other shards: positions do not map.
+    logging.warning('Checkpoint has data positions for %d processes, this run '
+                    'has %d: process %d continues from saved process %d\'s.',
+                    len(states), jax.process_count(), jax.process_index(),
+                    jax.process_index() % len(states))
+  return states[jax.process_index() % len(states)]
+
+
 def save_side_files(workdir: str, cfg: ml_collections.ConfigDict,
                     tokenizer) -> None:
-  """config.json and tokenizer/ beside the checkpoints (process 0 only)."""
+  """config.json and tokenizer/ beside the checkpoints (process 0 only).
+
+  The first run's tokenizer stays: a resumed model keeps its vocabulary.
+  """
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, CONFIG_FILE), 'w') as f:
     f.write(cfg.to_json(indent=2, sort_keys=True))
-  tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
+  tokenizer_dir = os.path.join(workdir, TOKENIZER_DIR)
+  if not os.path.exists(tokenizer_dir):
+    tokenizer.save(tokenizer_dir)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict | None:
