@@ -8,14 +8,14 @@ from jax_transformer import torch_compat
 
 
 def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-  """Non-trivial weights everywhere, LayerNorm scales and biases included."""
+  """Non-trivial weights everywhere: norm scales 1 + noise, the rest noise."""
   gen = torch.Generator().manual_seed(seed)
+  norms = {id(m.weight) for m in module.modules()
+           if isinstance(m, torch.nn.LayerNorm)}
   with torch.no_grad():
-    for name, p in module.named_parameters():
-      if name.endswith('norm.weight') or '.norm' in name and 'weight' in name:
-        p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-      else:
-        p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    for p in module.parameters():
+      noise = 0.2 * torch.randn(p.shape, generator=gen)
+      p.copy_(1.0 + noise if id(p) in norms else noise)
   return module
 
 
