@@ -122,10 +122,10 @@ def free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
-  work = tmp_path / 'w'
+def train_two_processes(work, data_dir, num_steps):
+  """Two processes x 4 CPU devices as one job; returns their outputs."""
   address = f'127.0.0.1:{free_port()}'
-  procs = [train(work, data_dir, '--config.num_steps=4',
+  procs = [train(work, data_dir, f'--config.num_steps={num_steps}',
                  '--config.checkpoint_every=4', f'--coordinator_address='
                  f'{address}', '--num_processes=2', f'--process_id={i}',
                  devices=4, wait=False) for i in range(2)]
@@ -136,21 +136,18 @@ def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
       p.kill()
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
+  work = tmp_path / 'w'
+  outs = train_two_processes(work, data_dir, num_steps=4)
   assert "'data': 8" in outs[0]  # one mesh over both processes' devices
   assert 'mesh' not in outs[1]   # only process 0 logs
   assert (work / 'checkpoints' / '4').exists()
   assert 4 in metrics(work)
   # Both processes resume, each from its own saved data position.
-  procs = [train(work, data_dir, '--config.num_steps=6',
-                 '--config.checkpoint_every=4', f'--coordinator_address='
-                 f'{address}', '--num_processes=2', f'--process_id={i}',
-                 devices=4, wait=False) for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  assert all(p.returncode == 0 for p in procs), outs[0][-3000:]
+  outs = train_two_processes(work, data_dir, num_steps=6)
   assert 'Resumed from step 4' in outs[0]
   assert 6 in metrics(work)
 
