@@ -226,6 +226,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         if step % cfg.eval_every == 0 or done:
           last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
                                mesh))
+          if main:
+            progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
+                           f'eval loss {last["eval_loss"]:.4f}, perplexity '
+                           f'{last["eval_perplexity"]:.2f}')
           tick = time.perf_counter()
         writer.write(step, last)
         progress.set_postfix(loss=f'{last["loss"]:.3f}',
