@@ -68,6 +68,16 @@ class Checkpointer:
     return dict(got['train'], params=got['params']), _own_data_state(
         got['data']['processes'])
 
+  def restore_params(self, abstract_params: dict[str, Any],
+                     step: int | None = None) -> dict[str, Any]:
+    """Only the parameters (for inference), placed as abstract_params."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint '
+                              'yet.')
+    return self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))['params']
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
@@ -143,10 +153,8 @@ def load_for_inference(workdir: str, step: int | None = None):
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
               for k, v in setup.abstract_params.items()}
   checkpointer = Checkpointer(workdir, async_save=False)
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f'{workdir} has no checkpoint yet.')
-  got = checkpointer.manager.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract)))
-  checkpointer.close()
-  return setup.model_def.merge(got['params']), tokenizer
+  try:
+    params = checkpointer.restore_params(abstract, step)
+  finally:
+    checkpointer.close()
+  return setup.model_def.merge(params), tokenizer

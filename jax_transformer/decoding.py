@@ -68,6 +68,12 @@ class BeamResult(NamedTuple):
   lengths: Array
 
 
+def row_tokens(result: Generation | BeamResult, row: int) -> list[int]:
+  """Row ``row``'s new tokens as a list, up to its length (EOS included)."""
+  tokens = np.asarray(result.tokens[row])
+  return tokens[:int(result.lengths[row])].tolist()
+
+
 # ----------------------------------------------------------------------------
 # Checking and placing the inputs (on the host, before anything compiles).
 

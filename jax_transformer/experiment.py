@@ -17,7 +17,7 @@ from flax import nnx
 from jax_transformer import optim
 from jax_transformer.config import ModelConfig
 from jax_transformer.models import DecoderLM, EncoderDecoder
-from jax_transformer.params import ModelDef, Params, abstract
+from jax_transformer.params import ModelDef, Params, abstract, split
 
 MODELS = {'decoder_lm': DecoderLM, 'encoder_decoder': EncoderDecoder}
 
@@ -58,7 +58,6 @@ class Setup:
   tx: optax.GradientTransformation
 
   def init_params(self, key: jax.Array) -> Params:
-    from jax_transformer.params import split  # pylint: disable=g-import-not-at-top
     model = self.model_cls(self.model_config, nnx.Rngs(params=key))
     return split(model)[1]
 

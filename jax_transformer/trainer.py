@@ -144,17 +144,12 @@ def sample(setup, params, tokenizer, cfg) -> str:
     out = decoding.generate(model, src_ids=[data.translation_source(ids)],
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
-    return tokenizer.decode(_upto(out, 0))
+    return tokenizer.decode(decoding.row_tokens(out, 0))
   stream = data.get_spec(cfg.data.name).lm_mode == 'stream'
   out = decoding.generate(model, [data.lm_prompt(ids, stream)],
                           max_new_tokens=s.max_new_tokens, sampler=sampler,
                           key=key)
-  return s.prompt + tokenizer.decode(_upto(out, 0))
-
-
-def _upto(generation, row: int) -> list[int]:
-  tokens = np.asarray(generation.tokens[row])
-  return tokens[:int(generation.lengths[row])].tolist()
+  return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str

@@ -142,7 +142,7 @@ def run(model, tokenizer, args: argparse.Namespace,
                               key=jax.random.key(args.seed))
   except ValueError as e:
     raise InputError(str(e)) from None
-  tokens = np.asarray(out.tokens[0, :int(out.lengths[0])]).tolist()
+  tokens = decoding.row_tokens(out, 0)
   if tokens and tokens[-1] == EOS_ID:
     tokens = tokens[:-1]
   text = tokenizer.decode(tokens)
