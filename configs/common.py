@@ -33,7 +33,8 @@ def base_config() -> ConfigDict:
   c.data = ConfigDict(dict(
       name='shakespeare', data_dir=optional(str), direction=optional(str),
       pack=False, src_len=optional(int), tokenizer=optional(str),
-      vocab_size=optional(int), eval_split='validation',
+      vocab_size=optional(int), spm_model_type='unigram',
+      train_split='train', eval_split='validation',
       builder_kwargs=optional(dict)))
   c.seq_len = 128
   c.batch_size = 32

@@ -70,6 +70,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
     return data.prepare(cfg.data.name, cfg.data.get('data_dir'),
                         tokenizer=cfg.data.get('tokenizer'),
                         vocab_size=cfg.data.get('vocab_size'),
+                        model_type=cfg.data.get('spm_model_type', 'unigram'),
                         builder_kwargs=cfg.data.get('builder_kwargs'))
   if jax.process_count() == 1:
     return prepare()
@@ -176,7 +177,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
     checkpoint.save_side_files(workdir, cfg, tokenizer)
 
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
-  train_iter = data.make_iterator(cfg.data, 'train', tokenizer,
+  train_iter = data.make_iterator(cfg.data, cfg.data.get('train_split', 'train'),
+                                  tokenizer,
                                   batch_size=cfg.batch_size,
                                   seq_len=cfg.seq_len, seed=cfg.seed)
   if checkpointer.latest_step() is not None:
