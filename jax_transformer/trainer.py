@@ -259,6 +259,8 @@ def _summarise(pending, seconds, setup, cfg, step) -> dict[str, float]:
       'grad_norm': float(sums[-1]['grad_norm']),
       'learning_rate': float(setup.schedule(updates)),
       'tokens_per_s': tokens / max(seconds, 1e-9),
+      # Target tokens since the last row; summed over rows, the tokens seen.
+      'target_tokens': tokens,
   }
 
 
