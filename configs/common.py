@@ -43,6 +43,8 @@ def base_config() -> ConfigDict:
   c.log_every = 50
   c.eval_every = 200
   c.eval_steps = optional(int)  # unset: the whole validation split
+  # Translation: greedy BLEU on this many validation sentences at each eval.
+  c.eval_bleu_examples = 0
   c.checkpoint_every = 200
   c.keep_checkpoints = 3
   c.seed = 0
@@ -74,4 +76,5 @@ def paper_translation(c: ConfigDict, warmup_steps: int) -> ConfigDict:
                  eps=1e-9, weight_decay=0.0, clip_norm=0.0,
                  label_smoothing=0.1)
   c.sample.temperature = 0.0
+  c.eval_bleu_examples = 256
   return c

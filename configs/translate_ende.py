@@ -36,9 +36,29 @@ def get_config(preset: str | None = None) -> ConfigDict:
     c.batch_size = c.eval_batch_size = 8
     c.num_steps = 4
     c.eval_steps = 4
+    c.eval_bleu_examples = 8
     c.log_every = c.eval_every = c.checkpoint_every = 2
     c.optim.warmup_steps = 2
     c.sample.max_new_tokens = 8
+  elif preset == 'cpu30':
+    cpu30(c)
   elif preset:
-    raise ValueError(f'Unknown preset {preset!r}; choose tiny or none.')
+    raise ValueError(f'Unknown preset {preset!r}; choose tiny, cpu30 or none.')
   return c
+
+
+def cpu30(c: ConfigDict) -> None:
+  """About 30 minutes on 2 CPU cores (see README, "Translation")."""
+  c.model = paper_model(
+      d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
+      d_ff=1024, dropout_rate=0.2, attention_dropout_rate=0.0,
+      norm_first=True, max_len=128)
+  c.data.pack = True
+  c.data.vocab_size = 4000
+  c.seq_len = c.data.src_len = 64
+  c.batch_size = c.eval_batch_size = 48
+  c.num_steps = 1200
+  c.optim.update(schedule='warmup_cosine', learning_rate=1.5e-3,
+                 warmup_steps=150, final_lr_fraction=0.0, clip_norm=1.0)
+  c.eval_every = c.checkpoint_every = 200
+  c.log_every = 50

@@ -5,9 +5,7 @@ Everything impure lives here; the math is in ``steps.py``.
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import signal
 import time
@@ -20,7 +18,8 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer import checkpoint, data, experiment, sharding, steps
+from jax_transformer import (checkpoint, data, evaluation, experiment,
+                             sharding, steps)
 from jax_transformer.metrics import MetricWriter
 
 
@@ -115,20 +114,20 @@ def state_shardings(setup: experiment.Setup, mesh, abstract_state):
   return shardings, param_specs
 
 
-def evaluate(eval_step, params, cfg, tokenizer, mesh) -> dict[str, float]:
+def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None
+             ) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
-  config.eval_steps batches)."""
-  it = data.make_iterator(cfg.data, cfg.data.eval_split, tokenizer,
-                          batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
-                          shuffle=False, num_epochs=1)
-  totals = {'nll': 0.0, 'tokens': 0.0}
-  # Every host runs the same number of batches (the pipeline pads shards).
-  for local in itertools.islice(it, cfg.get('eval_steps')):
-    # Summed on the host: eager ops on multi-process arrays would deadlock.
-    sums = jax.device_get(eval_step(params, data.global_batch(local, mesh)))
-    totals = {k: totals[k] + float(sums[k]) for k in totals}
-  loss = float(totals['nll'] / max(totals['tokens'], 1.0))
-  return {'eval_loss': loss, 'eval_perplexity': math.exp(min(loss, 50.0))}
+  config.eval_steps batches); for translation also greedy BLEU and chrF on
+  its first config.eval_bleu_examples sentences."""
+  metrics = evaluation.loss_metrics(eval_step, params, cfg, tokenizer, mesh,
+                                    max_batches=cfg.get('eval_steps'))
+  n = cfg.get('eval_bleu_examples') or 0
+  if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
+    params = multihost_utils.process_allgather(params, tiled=True)
+    metrics.update(evaluation.bleu_metrics(
+        setup.model_def.merge(params), tokenizer, cfg, n,
+        batch_size=cfg.eval_batch_size))
+  return metrics
 
 
 def sample(setup, params, tokenizer, cfg) -> str:
@@ -222,11 +221,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         pending, tick = [], now
         if step % cfg.eval_every == 0 or done:
           last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
-                               mesh))
+                               mesh, setup))
           if main:
+            bleu = (f', BLEU {last["eval_bleu"]:.2f}' if 'eval_bleu' in last
+                    else '')
             progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
                            f'eval loss {last["eval_loss"]:.4f}, perplexity '
-                           f'{last["eval_perplexity"]:.2f}')
+                           f'{last["eval_perplexity"]:.2f}{bleu}')
           tick = time.perf_counter()
         writer.write(step, last)
         progress.set_postfix(loss=f'{last["loss"]:.3f}',

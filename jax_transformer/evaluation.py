@@ -1,0 +1,198 @@
+"""Scoring a trained model: BLEU and chrF for translation, loss, perplexity
+and bits per byte (or character) for language models.
+
+Used by ``scripts/evaluate.py`` and by the trainer's periodic evaluation, so
+the two compute the same numbers the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from jax_transformer import data, decoding
+
+LN2 = math.log(2.0)
+
+
+def check_split(cfg: ml_collections.ConfigDict, split: str) -> None:
+  """Raises one ValueError sentence if the prepared dataset lacks the split
+  (a slice such as 'train[-500:]' names its split before the bracket)."""
+  spec = data.get_spec(cfg.data.name)
+  try:
+    source = data.load_source(spec.name, spec.train_split,
+                              cfg.data.get('data_dir'))
+  except FileNotFoundError as e:
+    raise ValueError(str(e).splitlines()[0]) from None
+  del source
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(spec.name, data_dir=cfg.data.get('data_dir')
+                         or data.default_data_dir(),
+                         file_format='array_record')
+  names = sorted(builder.info.splits)
+  if split.split('[')[0] not in names:
+    raise ValueError(f'{spec.name} has no split {split!r}; it has '
+                     f'{", ".join(names)}.')
+
+
+# ----------------------------------------------------------------------------
+# Language models (and the loss of either model kind).
+
+
+def text_unit(tokenizer) -> str:
+  """What bits are counted per: 'byte' for byte tokenizers, else
+  'character' (of the decoded text)."""
+  return 'byte' if tokenizer.kind == data.ByteTokenizer.kind else 'character'
+
+
+def count_units(tokenizer, targets: np.ndarray, weights: np.ndarray) -> int:
+  """Bytes (byte tokenizer) or characters that the scored targets spell.
+
+  targets, weights: [B, T]; each row's scored ids are decoded in order, so a
+  row holding several packed sequences counts all of them.
+  """
+  total = 0
+  for row, w in zip(np.asarray(targets), np.asarray(weights)):
+    ids = row[w > 0]
+    if text_unit(tokenizer) == 'byte':
+      total += int(np.sum((ids >= data.tokenizers.NUM_RESERVED)
+                          & (ids < tokenizer.vocab_size)))
+    else:
+      total += len(tokenizer.decode(ids.tolist()))
+  return total
+
+
+def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
+                 tokenizer, mesh, split: str | None = None,
+                 max_batches: int | None = None,
+                 count_text: bool = False,
+                 progress: bool = False) -> dict[str, float]:
+  """Loss and perplexity over a split (default: config.data.eval_split),
+  every token of it unless max_batches is given.
+
+  eval_step(params, global_batch) -> {'nll': sum, 'tokens': count}. With
+  count_text, also bits per byte (byte tokenizers) or per character.
+  """
+  split = split or cfg.data.eval_split
+  it = data.make_iterator(cfg.data, split, tokenizer,
+                          batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+                          shuffle=False, num_epochs=1)
+  batches = itertools.islice(it, max_batches)
+  if progress:
+    batches = _progress(batches, desc=f'scoring {split}')
+  nll = tokens = units = 0.0
+  # Every host runs the same number of batches (the pipeline pads shards).
+  for local in batches:
+    # Summed on the host: eager ops on multi-process arrays would deadlock.
+    sums = jax.device_get(eval_step(params, data.global_batch(local, mesh)))
+    nll, tokens = nll + float(sums['nll']), tokens + float(sums['tokens'])
+    if count_text:
+      targets = local['tgt_out'] if 'tgt_out' in local else local['targets']
+      weights = (local['tgt_segment_ids'] if 'tgt_out' in local
+                 else local['segment_ids'])
+      units += count_units(tokenizer, targets, weights)
+  loss = nll / max(tokens, 1.0)
+  out = {'eval_loss': loss, 'eval_perplexity': math.exp(min(loss, 50.0))}
+  if count_text:
+    unit = text_unit(tokenizer)
+    out.update({'eval_tokens': tokens, f'eval_{unit}s': units,
+                f'eval_bits_per_{unit}': nll / LN2 / max(units, 1.0)})
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Translation.
+
+
+def split_texts(cfg: ml_collections.ConfigDict, split: str,
+                max_examples: int | None = None
+                ) -> tuple[list[str], list[str]]:
+  """(sources, references) of a translation split, in stored order."""
+  spec = data.get_spec(cfg.data.name)
+  src_key, tgt_key = data.pipeline.translation_keys(
+      spec, cfg.data.get('direction'))
+  source = data.load_source(spec.name, split, cfg.data.get('data_dir'))
+  n = len(source) if max_examples is None else min(max_examples, len(source))
+  rows = [source[i] for i in range(n)]
+  return ([data.datasets.as_text(r[src_key]) for r in rows],
+          [data.datasets.as_text(r[tgt_key]) for r in rows])
+
+
+def _bucket(width: int, multiple: int = 16) -> int:
+  """Rounds a batch's width up so that few shapes are compiled."""
+  return -(-width // multiple) * multiple
+
+
+def translate(model, tokenizer, sources: Sequence[str], *,
+              beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
+              mesh=None, progress: bool = False) -> list[str]:
+  """Translations of ``sources`` (greedy for beam_size 1), in order.
+
+  Sources are encoded as in training (ids + EOS), cut to the model's
+  max_len, sorted by length into batches of ``batch_size`` (the last one
+  filled with copies of a short row) and decoded with the KV cache; each
+  translation gets at most its batch's source width + 50 tokens.
+  """
+  limit = model.config.max_len
+  encoded = [data.translation_source(tokenizer.encode(s)[:limit - 1])
+             for s in sources]
+  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  out: list[str] = [''] * len(encoded)
+  chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+  if progress:
+    chunks = _progress(chunks, desc='translating', unit='batch')
+  for chunk in chunks:
+    rows = [encoded[i] for i in chunk]
+    rows += [rows[0]] * (batch_size - len(rows))
+    width = _bucket(max(len(r) for r in rows))
+    src = np.zeros((batch_size, width), np.int32)
+    for r, ids in enumerate(rows):
+      src[r, :len(ids)] = ids
+    if beam_size > 1:
+      result = decoding.beam_search(model, src_ids=src, beam_size=beam_size,
+                                    alpha=alpha, mesh=mesh)
+    else:
+      result = decoding.generate(model, src_ids=src,
+                                 max_new_tokens=width + 50, mesh=mesh)
+    for r, i in enumerate(chunk):
+      tokens = decoding.row_tokens(result, r)
+      if tokens and tokens[-1] == data.EOS_ID:
+        tokens = tokens[:-1]
+      out[i] = tokenizer.decode(tokens)
+  return out
+
+
+def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]
+                  ) -> dict[str, Any]:
+  """Corpus BLEU and chrF from sacrebleu (default settings: 13a tokenisation
+  for BLEU, chrF2), each with its signature."""
+  from sacrebleu.metrics import BLEU, CHRF  # pylint: disable=g-import-not-at-top
+  bleu, chrf = BLEU(), CHRF()
+  b = bleu.corpus_score(list(hypotheses), [list(references)])
+  c = chrf.corpus_score(list(hypotheses), [list(references)])
+  return {'bleu': b.score, 'chrf': c.score,
+          'bleu_signature': str(bleu.get_signature()),
+          'chrf_signature': str(chrf.get_signature()),
+          'bleu_detail': str(b)}
+
+
+def bleu_metrics(model, tokenizer, cfg: ml_collections.ConfigDict,
+                 num_examples: int, batch_size: int) -> dict[str, float]:
+  """Greedy BLEU and chrF on the first num_examples of the eval split (the
+  trainer's periodic check; scripts/evaluate.py scores whole splits)."""
+  sources, refs = split_texts(cfg, cfg.data.eval_split, num_examples)
+  hyps = translate(model, tokenizer, sources, batch_size=batch_size)
+  scores = bleu_and_chrf(hyps, refs)
+  return {'eval_bleu': scores['bleu'], 'eval_chrf': scores['chrf']}
+
+
+def _progress(items: Iterable, **kwargs):
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  total = len(items) if hasattr(items, '__len__') else None
+  return tqdm(items, total=total, dynamic_ncols=True,
+              disable=jax.process_index() != 0, **kwargs)

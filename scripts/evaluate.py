@@ -1,0 +1,176 @@
+"""Score a trained workdir on a split: BLEU and chrF, or loss and perplexity.
+
+    python scripts/evaluate.py --workdir runs/translate_ende            # beam 4
+    python scripts/evaluate.py --workdir runs/translate_ende \
+        --average_last 5 --beam_size 4 --alpha 0.6       # the paper's settings
+    python scripts/evaluate.py --workdir runs/lm_shakespeare    # perplexity
+
+Translation: decodes the split with the KV-cached beam search (greedy with
+``--beam_size 1``), detokenizes, and scores with sacrebleu (corpus BLEU and
+chrF, with signatures) against the split's raw reference text. Writes
+sources.txt, hypotheses.txt, references.txt and metrics.json under
+DIR/eval/<split>-step<N>/ (``-avg<K>`` appended when averaging).
+
+Language model: loss, perplexity and bits per byte (byte tokenizer) or per
+character (SentencePiece) over every token of the split, as the trainer's
+evaluation computes them.
+
+Prints one JSON object: the metrics, the step(s) read, the settings. Bad
+input is one sentence on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Sequence
+
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+BAD_INPUT = 2
+
+
+class InputError(ValueError):
+  """Something wrong with the command line or the workdir: exit code 2."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      description='Score a trained model: BLEU/chrF (translation) or '
+                  'loss/perplexity/bits (language model).')
+  p.add_argument('--workdir', required=True, help='the training directory')
+  p.add_argument('--split', default=None,
+                 help="TFDS split, slices allowed ('train[-500:]'); default "
+                      "the config's eval split")
+  p.add_argument('--step', type=int, default=None,
+                 help='checkpoint step (default: the latest)')
+  p.add_argument('--average_last', type=int, default=1,
+                 help='average the parameters of the last K checkpoints up '
+                      'to --step (the paper averages 5)')
+  p.add_argument('--beam_size', type=int, default=4,
+                 help='beam width; 1 decodes greedily')
+  p.add_argument('--alpha', type=float, default=0.6,
+                 help='length penalty ((5 + len) / 6) ** alpha')
+  p.add_argument('--max_examples', type=int, default=None,
+                 help='translate only the first N examples')
+  p.add_argument('--batch_size', type=int, default=None,
+                 help="sentences decoded (or LM rows scored) per batch; "
+                      "default the config's eval_batch_size")
+  return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+  if args.beam_size < 1:
+    raise InputError(f'--beam_size must be at least 1, got {args.beam_size}.')
+  if args.alpha < 0:
+    raise InputError(f'--alpha must be >= 0, got {args.alpha}.')
+  for name in ('average_last', 'max_examples', 'batch_size'):
+    value = getattr(args, name)
+    if value is not None and value < 1:
+      raise InputError(f'--{name} must be at least 1, got {value}.')
+  if not os.path.isdir(args.workdir):
+    raise InputError(f'--workdir {args.workdir} is not a directory.')
+
+
+def output_dir(workdir: str, split: str, steps: list[int]) -> str:
+  name = f'{split}-step{steps[-1]}'
+  if len(steps) > 1:
+    name += f'-avg{len(steps)}'
+  return os.path.join(workdir, 'eval', re.sub(r'[^\w.+-]+', '_', name))
+
+
+def _write_lines(directory: str, name: str, lines: Sequence[str]) -> None:
+  with open(os.path.join(directory, name), 'w') as f:
+    f.writelines(line.replace('\n', ' ') + '\n' for line in lines)
+
+
+def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
+  from jax_transformer import evaluation  # pylint: disable=g-import-not-at-top
+  sources, refs = evaluation.split_texts(wd.config, split, args.max_examples)
+  start = time.perf_counter()
+  hyps = evaluation.translate(
+      wd.model(params), wd.tokenizer, sources, beam_size=args.beam_size,
+      alpha=args.alpha, batch_size=args.batch_size, mesh=mesh, progress=True)
+  seconds = time.perf_counter() - start
+  scores = evaluation.bleu_and_chrf(hyps, refs)
+  return dict(scores, examples=len(sources), decode_seconds=seconds), {
+      'sources.txt': sources, 'hypotheses.txt': hyps, 'references.txt': refs}
+
+
+def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax_transformer import evaluation, steps  # pylint: disable=g-import-not-at-top
+  cfg = wd.config
+  cfg.unlock()
+  cfg.eval_batch_size = args.batch_size
+  eval_step = jax.jit(steps.make_eval_step(wd.setup.model_def))
+  metrics = evaluation.loss_metrics(eval_step, params, cfg, wd.tokenizer,
+                                    mesh, split, count_text=True,
+                                    progress=True)
+  return {k.removeprefix('eval_'): v for k, v in metrics.items()}, {}
+
+
+def run(args: argparse.Namespace) -> dict:
+  """Scores the workdir; returns the printed JSON object."""
+  from jax_transformer import evaluation, sharding, trained  # pylint: disable=g-import-not-at-top
+  check_args(args)
+  try:
+    wd = trained.open_workdir(args.workdir)
+    chosen = trained.choose_steps(wd, args.step, args.average_last)
+  except (FileNotFoundError, ValueError) as e:
+    raise InputError(str(e)) from None
+  cfg = wd.config
+  split = args.split or cfg.data.eval_split
+  try:
+    evaluation.check_split(cfg, split)
+  except ValueError as e:
+    raise InputError(str(e)) from None
+  if args.batch_size is None:
+    args.batch_size = cfg.eval_batch_size
+  mesh = sharding.make_mesh(cfg.mesh)
+  sharding.check_batch(args.batch_size, mesh)
+  params = trained.restore_params(wd, chosen, mesh)
+  translation = cfg.model_kind == 'encoder_decoder'
+  try:
+    metrics, files = (evaluate_translation if translation else evaluate_lm)(
+        wd, params, mesh, args, split)
+  except FileNotFoundError as e:
+    raise InputError(str(e).splitlines()[0]) from None
+  result = {'workdir': args.workdir, 'split': split, 'step': chosen[-1],
+            'averaged_steps': chosen, 'metrics': metrics,
+            'settings': {k: v for k, v in vars(args).items()
+                         if k not in ('workdir', 'split')}}
+  if not translation:
+    result['settings'] = {'batch_size': args.batch_size,
+                          'average_last': args.average_last}
+  out = output_dir(args.workdir, split, chosen)
+  os.makedirs(out, exist_ok=True)
+  for name, lines in files.items():
+    _write_lines(out, name, lines)
+  result['output_dir'] = out
+  with open(os.path.join(out, 'metrics.json'), 'w') as f:
+    json.dump(result, f, indent=2)
+  return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    result = run(args)
+  except InputError as e:
+    print(f'evaluate.py: {e}', file=sys.stderr)
+    return BAD_INPUT
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
