@@ -43,6 +43,8 @@ Model = EncoderDecoder | DecoderLM
 TokenChooser = Callable[[Array, Array], Array]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+# The default length limit: input length + this many new tokens (the paper's).
+EXTRA_NEW_TOKENS = 50
 
 
 class Generation(NamedTuple):
@@ -562,7 +564,7 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   t = inputs.prompt.shape[1]
   if max_len is None:
     source = inputs.src if inputs.src is not None else inputs.prompt
-    max_len = source.shape[1] + 50
+    max_len = source.shape[1] + EXTRA_NEW_TOKENS
     if model.config.positional == 'learned':
       max_len = min(max_len, model.config.max_len - t)
       if max_len < 1:

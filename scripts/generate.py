@@ -1,16 +1,29 @@
-"""Translate or continue one text with a trained checkpoint.
+"""Translate or continue a text, or each line of a file, with a checkpoint.
 
     python scripts/generate.py --workdir runs/wmt --input "Ein Haus."
     python scripts/generate.py --workdir runs/lm --input "Once upon" \
         --temperature 0.8 --top_p 0.9 --seed 1
     python scripts/generate.py --workdir runs/wmt --input "..." --beam_size 4
+    python scripts/generate.py --workdir runs/wmt --input_file doc.de \
+        --output_file doc.en --beam_size 4 --batch_size 64
 
 An encoder-decoder translates the input (the source sentence, ending in EOS
 as in training) and prints the translation; a decoder-only model continues
 the input (laid out as in training: BOS first unless the model was trained
-on a token stream) and prints the input followed by its continuation. Greedy by default; ``--beam_size > 1`` runs
-beam search, ``--temperature/--top_k/--top_p`` sample. Bad input is one
-sentence on stderr and exit code 2.
+on a token stream) and prints the input followed by its continuation.
+Greedy by default; ``--beam_size > 1`` runs beam search,
+``--temperature/--top_k/--top_p`` sample.
+
+``--input_file`` (``-``: stdin) holds one text per line; line i of the
+output (``--output_file``, default stdout) answers line i of the input. The
+lines are decoded ``--batch_size`` at a time, sorted by length, with a
+progress bar on stderr. A blank line gives an empty output line; a newline
+inside an output is written as the two characters ``\\n``. Greedy outputs
+are the ones each line gets alone with ``--input``.
+
+Bad input (an empty ``--input``, a missing or empty file, a line that
+encodes to nothing or is too long for the model, bad flag values) is one
+sentence on stderr and exit code 2, before any decoding.
 """
 
 from __future__ import annotations
@@ -27,14 +40,12 @@ except ImportError:  # Run from a checkout without installing the package.
       __file__))))
 
 import jax
-import numpy as np
 
-from jax_transformer import data, decoding
+from jax_transformer import data, inference
 from jax_transformer.models import EncoderDecoder
 from jax_transformer.sampling import Sampler, greedy
 
 BAD_INPUT = 2
-EOS_ID = data.EOS_ID
 
 
 class InputError(ValueError):
@@ -44,12 +55,22 @@ class InputError(ValueError):
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(
       description='Translate (encoder-decoder) or continue (decoder-only) '
-                  'a text with a trained checkpoint.')
+                  'a text, or each line of a file, with a trained '
+                  'checkpoint.')
   p.add_argument('--workdir', required=True,
                  help='training directory holding the checkpoint and the '
                       'tokenizer')
-  p.add_argument('--input', required=True,
-                 help='the source sentence, or the prompt to continue')
+  source = p.add_mutually_exclusive_group(required=True)
+  source.add_argument('--input',
+                      help='the source sentence, or the prompt to continue')
+  source.add_argument('--input_file',
+                      help='a file of texts, one per line (-: stdin); a '
+                           'blank line gives an empty output line')
+  p.add_argument('--output_file', default='-',
+                 help='with --input_file: where the outputs go, one line '
+                      'per input line (default -: stdout)')
+  p.add_argument('--batch_size', type=int, default=32,
+                 help='texts decoded at once (sorted by length)')
   p.add_argument('--beam_size', type=int, default=1,
                  help='> 1: beam search (deterministic)')
   p.add_argument('--alpha', type=float, default=0.6,
@@ -61,18 +82,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--top_p', type=float, default=None,
                  help='sample from the nucleus of probability p')
   p.add_argument('--max_new_tokens', type=int, default=None,
-                 help='most tokens to generate (default: input tokens + 50)')
+                 help='most tokens to generate per text (default: its '
+                      'tokens + 50)')
   p.add_argument('--seed', type=int, default=0, help='sampling seed')
   return p.parse_args(argv)
 
 
 def check_args(args: argparse.Namespace) -> None:
   """Raises InputError for anything wrong before the checkpoint is read."""
-  if not args.input.strip():
+  if args.input is not None and inference.is_blank(args.input):
     raise InputError('--input is empty; give the text to translate or to '
                      'continue.')
-  if args.beam_size < 1:
-    raise InputError(f'--beam_size must be at least 1, got {args.beam_size}.')
+  if args.output_file != '-':
+    if args.input is not None:
+      raise InputError('--output_file goes with --input_file; --input '
+                       'prints its output.')
+    folder = os.path.dirname(args.output_file) or '.'
+    if not os.path.isdir(folder):
+      raise InputError(f'--output_file {args.output_file}: the folder '
+                       f'{folder} does not exist.')
+  for flag in ('beam_size', 'batch_size'):
+    if getattr(args, flag) < 1:
+      raise InputError(f'--{flag} must be at least 1, got '
+                       f'{getattr(args, flag)}.')
   sampling = (args.temperature, args.top_k, args.top_p)
   if args.beam_size > 1 and any(x is not None for x in sampling):
     raise InputError('Beam search does not sample: drop --temperature, '
@@ -96,57 +128,83 @@ def make_sampler(args: argparse.Namespace):
     raise InputError(str(e).replace('Sampler: ', '--', 1)) from None
 
 
-def encode_input(text: str, tokenizer, model,
-                 stream: bool = False) -> dict[str, np.ndarray]:
-  """The model's inputs for one text, laid out as in training.
-
-  Encoder-decoder: src_ids = [ids + EOS]; decoder-only: prompt_ids =
-  [BOS + ids], or [ids] for a model trained on a token stream.
-  """
-  ids = list(tokenizer.encode(text))
-  if not ids:
-    raise InputError('The input encodes to no tokens; give some text.')
+def translate_batch(model, tokenizer, texts: Sequence[str],
+                    args: argparse.Namespace, stream: bool = False,
+                    progress: bool = False) -> list[str]:
+  """What to print for each text (the checkpoint already loaded): its
+  translation, or the text followed by its continuation ('' for a blank
+  text). The decoding flags come from args; inference.TextError names a
+  text that cannot be decoded."""
+  try:
+    outputs = inference.decode_texts(
+        model, tokenizer, texts, stream=stream, beam_size=args.beam_size,
+        alpha=args.alpha, sampler=make_sampler(args),
+        key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, progress=progress)
+  except inference.TextError:
+    raise
+  except ValueError as e:
+    raise InputError(str(e)) from None
   if isinstance(model, EncoderDecoder):
-    return {'src_ids': np.array([data.translation_source(ids)], np.int32)}
-  return {'prompt_ids': np.array([data.lm_prompt(ids, stream)], np.int32)}
-
-
-def _new_tokens(args, model, inputs) -> int:
-  width = next(iter(inputs.values())).shape[1]
-  if args.max_new_tokens is not None:
-    return args.max_new_tokens
-  n = width + 50
-  config = model.config
-  if config.positional == 'learned':
-    # The prompt/prefix length the decoder sees.
-    prompt = 1 if isinstance(model, EncoderDecoder) else width
-    n = min(n, config.max_len - prompt)
-  return max(n, 1)
+    return outputs
+  return [text + out if out or not inference.is_blank(text) else ''
+          for text, out in zip(texts, outputs)]
 
 
 def run(model, tokenizer, args: argparse.Namespace,
         stream: bool = False) -> str:
-  """The text to print for args.input (the checkpoint already loaded):
-  the translation, or the input followed by its continuation."""
+  """The text to print for args.input: its translation, or the input
+  followed by its continuation."""
   check_args(args)
-  inputs = encode_input(args.input, tokenizer, model, stream)
-  n = _new_tokens(args, model, inputs)
   try:
-    if args.beam_size > 1:
-      out = decoding.beam_search(model, **inputs, beam_size=args.beam_size,
-                                 alpha=args.alpha, max_len=n)
+    return translate_batch(model, tokenizer, [args.input], args, stream)[0]
+  except inference.TextError as e:
+    raise InputError(f'--input {e.reason}.') from None
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a file (- : stdin), without their line ends."""
+  try:
+    if path == '-':
+      text = sys.stdin.read()
     else:
-      sampler = make_sampler(args)
-      out = decoding.generate(model, **inputs, max_new_tokens=n,
-                              sampler=sampler,
-                              key=jax.random.key(args.seed))
-  except ValueError as e:
-    raise InputError(str(e)) from None
-  tokens = decoding.row_tokens(out, 0)
-  if tokens and tokens[-1] == EOS_ID:
-    tokens = tokens[:-1]
-  text = tokenizer.decode(tokens)
-  return text if isinstance(model, EncoderDecoder) else args.input + text
+      with open(path, encoding='utf-8') as f:
+        text = f.read()
+  except FileNotFoundError:
+    raise InputError(f'--input_file {path} does not exist.') from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise InputError(f'--input_file {path} cannot be read as UTF-8 text '
+                     f'({e}).') from None
+  if not text:
+    raise InputError(f'--input_file {path} is empty; give one text per '
+                     'line.')
+  return [line.rstrip('\r') for line in text.removesuffix('\n').split('\n')]
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+  """One output per line (a newline inside one is written as \\n)."""
+  text = ''.join(line.replace('\n', '\\n') + '\n' for line in lines)
+  if path == '-':
+    sys.stdout.write(text)
+    return
+  try:
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(text)
+  except OSError as e:
+    raise InputError(f'--output_file {path} cannot be written ({e}).'
+                     ) from None
+
+
+def translate_file(model, tokenizer, lines: Sequence[str],
+                   args: argparse.Namespace, stream: bool = False) -> None:
+  """Decodes the lines of args.input_file and writes args.output_file."""
+  try:
+    outputs = translate_batch(model, tokenizer, lines, args, stream,
+                              progress=True)
+  except inference.TextError as e:
+    raise InputError(f'Line {e.index + 1} of --input_file '
+                     f'{args.input_file} {e.reason}.') from None
+  write_lines(args.output_file, outputs)
 
 
 def _load(workdir: str):
@@ -167,8 +225,14 @@ def main(argv: Sequence[str] | None = None,
     check_args(args)
     if not os.path.isdir(args.workdir):
       raise InputError(f'--workdir {args.workdir} is not a directory.')
+    if args.input_file is not None:
+      # Before loading: a bad file costs no checkpoint restore.
+      lines = read_lines(args.input_file)
     model, tokenizer, stream = (load or _load)(args.workdir)
-    print(run(model, tokenizer, args, stream))
+    if args.input is not None:
+      print(run(model, tokenizer, args, stream))
+    else:
+      translate_file(model, tokenizer, lines, args, stream)
   except InputError as e:
     print(f'generate.py: {e}', file=sys.stderr)
     return BAD_INPUT

@@ -7,6 +7,7 @@ share models and shapes where they can.
 
 import functools
 import importlib.util
+import io
 import itertools
 import os
 
@@ -568,16 +569,6 @@ def test_generate_script_runs_each_model_and_mode(tmp_path, capsys):
   assert code == 0 and capsys.readouterr().out == text + '\n'
 
 
-def test_generate_script_lays_out_inputs_as_in_training():
-  script, tok = load_script(), LetterTokenizer()
-  ed, lm = model('ed-post'), model('lm-pre')
-  np.testing.assert_array_equal(
-      script.encode_input('abc', tok, ed)['src_ids'], [[3, 4, 5, 2]])
-  np.testing.assert_array_equal(
-      script.encode_input('abc', tok, lm)['prompt_ids'], [[1, 3, 4, 5]])
-  np.testing.assert_array_equal(
-      script.encode_input('abc', tok, lm, stream=True)['prompt_ids'],
-      [[3, 4, 5]])
 
 
 @pytest.mark.parametrize('argv,fragment', [
@@ -606,3 +597,99 @@ def test_generate_script_refuses_a_missing_workdir(tmp_path, capsys):
   code = script.main(['--workdir', str(tmp_path / 'nope'), '--input', 'ab'],
                      load=lambda _: pytest.fail('must not load'))
   assert code == 2 and 'is not a directory' in capsys.readouterr().err
+
+
+# Lines of mixed lengths (blank ones included) for --input_file. With
+# batch size 3 the batches are padded, the last one partial; lm-post's
+# learned positions (max_len 16) give each line its own new-token limit.
+LINES = ['abc', 'hello there', '', 'x', 'abcdefghij', '  ', 'mnop']
+
+
+def run_main(script, capsys, argv, m):
+  """(exit code, stdout, stderr) of generate.py with a tiny model."""
+  code = script.main(['--workdir', '.', *argv],
+                     load=lambda _: (m, LetterTokenizer(), False))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+# Seed 3 gives tiny encoder-decoders that do not end every output at once.
+@pytest.mark.parametrize('name,seed,flags', [
+    ('ed-post', 3, []), ('lm-post', 0, []),
+    ('ed-pre', 3, ['--beam_size', '2', '--max_new_tokens', '3'])])
+def test_generate_script_file_equals_one_input_at_a_time(tmp_path, capsys,
+                                                         name, seed, flags):
+  script, m = load_script(), model(name, seed)
+  path, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
+  path.write_text('\n'.join(LINES) + '\n')
+  code, stdout, err = run_main(
+      script, capsys, ['--input_file', str(path), '--output_file', str(out),
+                       '--batch_size', '3', *flags], m)
+  assert code == 0, err
+  assert stdout == ''
+  got = out.read_text().split('\n')
+  assert got[-1] == '' and len(got) == len(LINES) + 1
+  want = []
+  for line in LINES:
+    if not line.strip():
+      want.append('')
+      continue
+    code, single, err = run_main(script, capsys, ['--input', line, *flags],
+                                 m)
+    assert code == 0, err
+    want.append(single.removesuffix('\n'))
+  assert got[:-1] == want
+  # Something was decoded: not every output is its input or empty.
+  assert any(w not in ('', line) for w, line in zip(want, LINES))
+
+
+def test_generate_script_reads_stdin_and_samples_deterministically(
+    capsys, monkeypatch):
+  script, m = load_script(), model('lm-pre')
+  sample = ['--input_file', '-', '--batch_size', '2', '--top_k', '3',
+            '--temperature', '2', '--max_new_tokens', '6']
+
+  def run(seed):
+    monkeypatch.setattr('sys.stdin', io.StringIO('ab\n\nxyz\nq\n'))
+    code, out, err = run_main(script, capsys, [*sample, '--seed', seed], m)
+    assert code == 0, err
+    return out.split('\n')
+
+  first = run('1')
+  assert len(first) == 5 and first[1] == '' and first[-1] == ''
+  assert all(o.startswith(p) for o, p in zip(first, ['ab', '', 'xyz', 'q']))
+  assert run('1') == first
+  assert run('2') != first
+
+
+@pytest.mark.parametrize('content,flags,fragment', [
+    (None, [], 'does not exist'),
+    ('', [], 'is empty'),
+    ('abc\n123\n', [], 'Line 2 of --input_file'),
+    ('abc\n' + 'a' * 20 + '\n', [], 'max_len=16'),
+    ('ab\nabcdefghijklm\n', ['--max_new_tokens', '4'], 'with 4 new tokens'),
+    ('ab\n', ['--batch_size', '0'], '--batch_size must be'),
+    ('ab\n', ['--output_file', 'nowhere/out.txt'], 'does not exist'),
+])
+def test_generate_script_bad_file_exits_2(tmp_path, capsys, content, flags,
+                                          fragment):
+  path = tmp_path / 'in.txt'
+  if content is not None:
+    path.write_text(content)
+  code, out, err = run_main(load_script(), capsys,
+                            ['--input_file', str(path), *flags],
+                            model('lm-post'))
+  assert code == 2 and out == ''
+  assert fragment in err and err.count('\n') == 1, err
+
+
+def test_generate_script_takes_input_or_input_file(tmp_path, capsys):
+  script = load_script()
+  for argv in ([], ['--input', 'a', '--input_file', 'f']):
+    with pytest.raises(SystemExit) as e:
+      script.parse_args(['--workdir', '.', *argv])
+    assert e.value.code == 2
+  code, _, err = run_main(script, capsys, ['--input', 'ab', '--output_file',
+                                           str(tmp_path / 'o')],
+                          model('lm-post'))
+  assert code == 2 and 'goes with --input_file' in err
