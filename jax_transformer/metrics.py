@@ -39,3 +39,26 @@ class MetricWriter:
 def read_jsonl(workdir: str) -> list[dict]:
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def read_history(workdir: str) -> list[dict]:
+  """The rows of metrics.jsonl as one run, steps strictly increasing.
+
+  A resumed run logs again the steps after its last checkpoint: a row whose
+  step is not past the previous one replaces the rows from that step on. A
+  last line cut short (a run killed while writing) is ignored.
+  """
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    lines = [line for line in f if line.strip()]
+  history: list[dict] = []
+  for i, line in enumerate(lines):
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      if i == len(lines) - 1:
+        break
+      raise
+    while history and history[-1]['step'] >= row['step']:
+      history.pop()
+    history.append(row)
+  return history
