@@ -6,10 +6,8 @@ share models and shapes where they can.
 """
 
 import functools
-import importlib.util
 import io
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +24,7 @@ from jax_transformer import torch_compat as tc
 from jax_transformer.decoding import beam_search, generate, length_penalty
 from jax_transformer.sampling import Sampler, greedy
 from jax_transformer.torch_reference import TorchTransformer
+import script_helpers
 
 V = 29
 N = 6
@@ -519,12 +518,7 @@ def test_default_beam_length_is_input_plus_50_capped_by_learned_positions():
 
 
 def load_script():
-  path = os.path.join(os.path.dirname(__file__), '..', 'scripts',
-                      'generate.py')
-  spec = importlib.util.spec_from_file_location('generate_script', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return script_helpers.load_script('generate')
 
 
 class LetterTokenizer:

@@ -1,0 +1,161 @@
+"""Plot the training curves of one or more runs into one picture.
+
+    python scripts/plot_metrics.py runs/base runs/big --out curves.png
+
+Reads each WORKDIR/metrics.jsonl (what the trainer writes; a resumed run's
+repeated steps count once) and draws, one colour per run, train loss (solid)
+and eval loss (dashed, dots at the evaluations) and, where logged, eval BLEU,
+against steps (top row) and against target tokens seen (bottom row: the sum
+of the trainer's ``target_tokens``). Train loss is the cross-entropy without
+label smoothing (``nll``), the quantity ``eval_loss`` measures. A workdir
+without metrics is one sentence on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NamedTuple, Sequence
+
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+from jax_transformer import metrics
+
+BAD_INPUT = 2
+# (panel title, [(metric key, line style, legend name)]); the first key of
+# a pair that a row holds is used, so older runs without nll show loss.
+PANELS = (
+    ('loss', ((('nll', 'loss'), '-', 'train'),
+              (('eval_loss',), '--', 'eval'))),
+    ('BLEU', ((('eval_bleu',), '--', 'eval'),)),
+)
+
+
+class InputError(ValueError):
+  """A workdir without metrics, or an unusable --out: exit code 2."""
+
+
+class Run(NamedTuple):
+  name: str
+  rows: list[dict]
+  tokens: list[float] | None  # cumulative target tokens per row
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      description='Plot train/eval loss and BLEU of training runs against '
+                  'steps and tokens seen.')
+  p.add_argument('workdirs', nargs='+', metavar='WORKDIR',
+                 help='training directories (each holds metrics.jsonl)')
+  p.add_argument('--out', required=True, metavar='FILE.png',
+                 help='the picture to write (its suffix picks the format)')
+  return p.parse_args(argv)
+
+
+def load_run(workdir: str, name: str) -> Run:
+  if not os.path.isdir(workdir):
+    raise InputError(f'{workdir} is not a directory.')
+  if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    raise InputError(f'{workdir} has no metrics.jsonl; is it a training '
+                     'directory that has logged a step?')
+  rows = metrics.read_history(workdir)
+  if not rows:
+    raise InputError(f'{workdir}/metrics.jsonl holds no rows yet.')
+  tokens = None
+  if all('target_tokens' in row for row in rows):
+    total, tokens = 0.0, []
+    for row in rows:
+      total += row['target_tokens']
+      tokens.append(total)
+  return Run(name, rows, tokens)
+
+
+def run_names(workdirs: Sequence[str]) -> list[str]:
+  """Each workdir's last path component, or the whole path where two
+  workdirs share it."""
+  names = [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  return [n if names.count(n) == 1 else w for n, w in zip(names, workdirs)]
+
+
+def has(run: Run, keys: Sequence[str]) -> bool:
+  return any(k in row for row in run.rows for k in keys)
+
+
+def series(run: Run, keys: Sequence[str], x: Sequence[float]):
+  """(xs, ys) of the rows holding one of keys."""
+  points = []
+  for row, xi in zip(run.rows, x):
+    key = next((k for k in keys if k in row), None)
+    if key is not None:
+      points.append((xi, row[key]))
+  return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot(runs: Sequence[Run], out: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+
+  panels = [(title, lines) for title, lines in PANELS
+            if any(has(r, keys) for r in runs for keys, _, _ in lines)]
+  axes_x = [('step', lambda r: [row['step'] for row in r.rows])]
+  if any(r.tokens for r in runs):
+    axes_x.append(('target tokens seen', lambda r: r.tokens))
+  fig, axes = plt.subplots(len(axes_x), len(panels), squeeze=False,
+                           figsize=(6 * len(panels) + 2, 4 * len(axes_x)),
+                           layout='constrained')
+  for i, (xlabel, xs_of) in enumerate(axes_x):
+    for j, (title, lines) in enumerate(panels):
+      ax = axes[i][j]
+      for c, run in enumerate(runs):
+        x = xs_of(run)
+        if x is None:
+          continue
+        for keys, style, _ in lines:
+          xs, ys = series(run, keys, x)
+          ax.plot(xs, ys, style, color=f'C{c % 10}',
+                  marker='.' if style == '--' else None)
+      ax.set_xlabel(xlabel)
+      ax.set_title(title)
+      ax.grid(alpha=0.3)
+  handles = [Line2D([], [], color=f'C{c % 10}', label=run.name)
+             for c, run in enumerate(runs)]
+  handles += [Line2D([], [], color='gray', linestyle=style, label=name)
+              for name, style in (('train', '-'), ('eval', '--'))]
+  fig.legend(handles=handles, loc='outside right upper')
+  try:
+    fig.savefig(out, dpi=100)
+  except ValueError as e:  # an unknown format
+    raise InputError(f'--out {out}: {e}') from None
+  finally:
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    folder = os.path.dirname(args.out) or '.'
+    if not os.path.isdir(folder):
+      raise InputError(f'--out {args.out}: the folder {folder} does not '
+                       'exist.')
+    runs = [load_run(w, n)
+            for w, n in zip(args.workdirs, run_names(args.workdirs))]
+    for run in runs:
+      if run.tokens is None:
+        print(f'plot_metrics.py: {run.name} logs no target_tokens (older '
+              'trainer); it is left out of the tokens row.', file=sys.stderr)
+    plot(runs, args.out)
+  except InputError as e:
+    print(f'plot_metrics.py: {e}', file=sys.stderr)
+    return BAD_INPUT
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
