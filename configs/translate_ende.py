@@ -51,14 +51,17 @@ def cpu30(c: ConfigDict) -> None:
   """About 30 minutes on 2 CPU cores (see README, "Translation")."""
   c.model = paper_model(
       d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
-      d_ff=1024, dropout_rate=0.2, attention_dropout_rate=0.0,
+      d_ff=1024, dropout_rate=0.0, attention_dropout_rate=0.0,
       norm_first=True, max_len=128)
   c.data.pack = True
-  c.data.vocab_size = 4000
+  c.data.vocab_size = 2000
   c.seq_len = c.data.src_len = 64
-  c.batch_size = c.eval_batch_size = 48
-  c.num_steps = 1200
+  c.batch_size = 16
+  c.eval_batch_size = 64
+  c.num_steps = 1800
   c.optim.update(schedule='warmup_cosine', learning_rate=1.5e-3,
-                 warmup_steps=150, final_lr_fraction=0.0, clip_norm=1.0)
-  c.eval_every = c.checkpoint_every = 200
+                 warmup_steps=200, final_lr_fraction=0.0, clip_norm=1.0)
+  c.eval_every = 600
+  c.checkpoint_every = 200
+  c.keep_checkpoints = 5
   c.log_every = 50

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jax_transformer import data, decoding
+from jax_transformer import data, inference
 
 LN2 = math.log(2.0)
 
@@ -123,48 +123,16 @@ def split_texts(cfg: ml_collections.ConfigDict, split: str,
           [data.datasets.as_text(r[tgt_key]) for r in rows])
 
 
-def _bucket(width: int, multiple: int = 16) -> int:
-  """Rounds a batch's width up so that few shapes are compiled."""
-  return -(-width // multiple) * multiple
-
-
 def translate(model, tokenizer, sources: Sequence[str], *,
               beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
               mesh=None, progress: bool = False) -> list[str]:
-  """Translations of ``sources`` (greedy for beam_size 1), in order.
-
-  Sources are encoded as in training (ids + EOS), cut to the model's
-  max_len, sorted by length into batches of ``batch_size`` (the last one
-  filled with copies of a short row) and decoded with the KV cache; each
-  translation gets at most its batch's source width + 50 tokens.
-  """
-  limit = model.config.max_len
-  encoded = [data.translation_source(tokenizer.encode(s)[:limit - 1])
-             for s in sources]
-  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-  out: list[str] = [''] * len(encoded)
-  chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-  if progress:
-    chunks = _progress(chunks, desc='translating', unit='batch')
-  for chunk in chunks:
-    rows = [encoded[i] for i in chunk]
-    rows += [rows[0]] * (batch_size - len(rows))
-    width = _bucket(max(len(r) for r in rows))
-    src = np.zeros((batch_size, width), np.int32)
-    for r, ids in enumerate(rows):
-      src[r, :len(ids)] = ids
-    if beam_size > 1:
-      result = decoding.beam_search(model, src_ids=src, beam_size=beam_size,
-                                    alpha=alpha, mesh=mesh)
-    else:
-      result = decoding.generate(model, src_ids=src,
-                                 max_new_tokens=width + 50, mesh=mesh)
-    for r, i in enumerate(chunk):
-      tokens = decoding.row_tokens(result, r)
-      if tokens and tokens[-1] == data.EOS_ID:
-        tokens = tokens[:-1]
-      out[i] = tokenizer.decode(tokens)
-  return out
+  """Translations of ``sources`` (greedy for beam_size 1), in order, through
+  ``inference.decode_texts`` (sources encoded as in training, batched by
+  length, KV-cached decoding, at most source length + 50 new tokens)."""
+  return inference.decode_texts(model, tokenizer, sources,
+                                beam_size=beam_size, alpha=alpha,
+                                batch_size=batch_size, mesh=mesh,
+                                progress=progress)
 
 
 def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]

@@ -195,7 +195,7 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                  alpha: float = 0.6, sampler=greedy,
                  key: jax.Array | None = None,
                  max_new_tokens: int | None = None, batch_size: int = 32,
-                 progress: bool = False) -> list[str]:
+                 progress: bool = False, mesh=None) -> list[str]:
   """The decoded text of each input text, in input order.
 
   model: an EncoderDecoder (the outputs are translations) or a DecoderLM
@@ -212,6 +212,8 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
     a batch, so greedy outputs do not depend on the batch; beam search
     gives a batch's rows its longest limit.
   progress: a tqdm bar on stderr.
+  mesh: shard each batch over the mesh's 'data' axis (see ``decoding``);
+    batch_size must then divide by its size.
 
   Blank texts (empty or whitespace only) give ''. Every text is checked
   before anything is decoded: TextError names the first that is not blank
@@ -240,6 +242,8 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
   # Every batch has as many rows (the last one repeats its last row), so
   # one compiled program serves them all.
   size = max(map(len, batches), default=0)
+  if mesh is not None:  # whole rows per device on the 'data' axis
+    size = _round_up(size, mesh.shape.get('data', 1))
   outputs = [''] * len(texts)
   from tqdm import tqdm  # pylint: disable=g-import-not-at-top
   with tqdm(total=len(texts), disable=not progress, file=sys.stderr,
@@ -254,11 +258,12 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                 else {'prompt_ids': ids})
       if beam_size > 1:
         out = decoding.beam_search(model, **inputs, beam_size=beam_size,
-                                   alpha=alpha, max_len=n)
+                                   alpha=alpha, max_len=n, mesh=mesh)
       else:
         out = decoding.generate(
             model, **inputs, max_new_tokens=n, sampler=sampler,
-            key=None if key is None else jax.random.fold_in(key, b))
+            key=None if key is None else jax.random.fold_in(key, b),
+            mesh=mesh)
       for r, i in enumerate(batch):
         tokens = decoding.row_tokens(out, r)
         if beam_size == 1:
