@@ -74,9 +74,10 @@ def test_spm_bpe_trains():
     tok.SentencePieceTokenizer.train(corpus, 300, model_type='word')
 
 
-@pytest.mark.parametrize('kind', ['byte', 'sentencepiece'])
+@pytest.mark.parametrize('kind', ['byte', 'sentencepiece', 'huggingface'])
 def test_save_and_load(tmp_path, spm_tokenizer, kind):
-  original = tok.ByteTokenizer() if kind == 'byte' else spm_tokenizer
+  original = {'byte': tok.ByteTokenizer(), 'sentencepiece': spm_tokenizer,
+              'huggingface': tok.to_huggingface(tok.ByteTokenizer())}[kind]
   original.save(tmp_path / 'tok')
   restored = tok.load_tokenizer(tmp_path / 'tok')
   assert type(restored) is type(original)
@@ -94,3 +95,44 @@ def test_load_rejects_missing_or_unknown(tmp_path):
   (tmp_path / 'tokenizer.json').write_text('{"kind": "words"}')
   with pytest.raises(ValueError, match='words'):
     tok.load_tokenizer(tmp_path)
+
+
+def test_bytes_as_huggingface_tokenizer_keep_ids_and_text():
+  byte = tok.ByteTokenizer()
+  hf = tok.to_huggingface(byte)
+  assert (hf.pad_id, hf.bos_id, hf.eos_id, hf.unk_id) == (0, 1, 2, 3)
+  assert hf.vocab_size == 260 and tok.reserved_id_mismatches(hf) == []
+  for text in TEXTS + ['  two  spaces\n\ttab']:
+    assert hf.encode(text) == byte.encode(text)
+    assert hf.decode(hf.encode(text)) == text
+  ids = [tok.BOS_ID] + byte.encode('ab') + [tok.EOS_ID, tok.PAD_ID, 999]
+  assert hf.decode(ids) == byte.decode(ids) == 'ab'
+  assert tok.to_huggingface(hf) is hf
+
+
+def gpt2_style_tokenizer():
+  """A tokenizer whose only special token, <|endoftext|>, comes last (as in
+  GPT-2), so ids 0, 1, 2 are ordinary tokens."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  vocab = {w: i for i, w in enumerate(['!', 'a', 'b', 'c', 'hello', 'world'])}
+  backend = Tokenizer(models.WordLevel(vocab, unk_token='!'))
+  backend.pre_tokenizer = pre_tokenizers.Whitespace()
+  backend.add_special_tokens(['<|endoftext|>'])
+  return tok.HuggingFaceTokenizer(backend.to_str(), {
+      'bos': '<|endoftext|>', 'eos': '<|endoftext|>', 'unk': '<|endoftext|>'})
+
+
+def test_huggingface_tokenizer_exposes_its_own_special_ids(tmp_path):
+  t = gpt2_style_tokenizer()
+  assert (t.pad_id, t.bos_id, t.eos_id, t.vocab_size) == (None, 6, 6, 7)
+  assert tok.reserved_id_mismatches(t) == ['pad is None', 'bos is 6',
+                                           'eos is 6']
+  assert t.encode('a b hello') == [1, 2, 4]
+  # Its special token is dropped; ids 0-2 are text here, not PAD/BOS/EOS.
+  assert t.decode([6, 0, 1, 2, 6]) == '! a b'
+  t.save_pretrained(tmp_path / 'hf')
+  again = tok.HuggingFaceTokenizer.from_pretrained(tmp_path / 'hf')
+  assert again.special_tokens == t.special_tokens
+  assert again.encode('c world') == t.encode('c world') == [3, 5]
+  with pytest.raises(ValueError, match="The pad token '<pad>' is not in"):
+    tok.HuggingFaceTokenizer(t._json, {'pad': '<pad>'})

@@ -1,4 +1,5 @@
-"""Tokenizers: UTF-8 bytes for language models, SentencePiece for translation.
+"""Tokenizers: UTF-8 bytes for language models, SentencePiece for translation,
+and Hugging Face ``tokenizers`` files for imported models.
 
 Every tokenizer here shares one id layout, so models, losses and decoders can
 hard-code it:
@@ -17,8 +18,19 @@ UNK    3    unknown piece (SentencePiece only; bytes cannot be unknown)
 raw row of model output.
 
 A tokenizer is saved as a directory holding ``tokenizer.json`` (its kind and
-ids) and, for SentencePiece, ``spm.model``; ``load_tokenizer`` restores either
-kind from such a directory. The trainer writes one beside every checkpoint.
+ids) and, for SentencePiece, ``spm.model`` (for Hugging Face,
+``hf_tokenizer.json``); ``load_tokenizer`` restores any kind from such a
+directory. The trainer writes one beside every checkpoint.
+
+A Hugging Face tokenizer (:class:`HuggingFaceTokenizer`, imported with a model)
+keeps the file's own ids, since they index the model's embedding rows: its
+``pad_id``, ``bos_id`` and ``eos_id`` are those of its special tokens (None
+where it has none), and ``decode`` drops its special tokens. The trainer,
+batching and decoders use the reserved ids above, so such a tokenizer fits
+them when its special tokens sit at 0, 1 and 2 (train it with
+``special_tokens=['<pad>', '<s>', '</s>', '<unk>']`` first);
+:func:`reserved_id_mismatches` names the ones that do not (GPT-2's
+``<|endoftext|>`` is 50256, and its ids 0, 1, 2 are ``!``, ``"``, ``#``).
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 PAD_ID = 0
@@ -37,6 +49,8 @@ NUM_RESERVED = 4  # ids below this are the control ids above
 
 _CONFIG_FILE = 'tokenizer.json'
 _SPM_FILE = 'spm.model'
+_HF_FILE = 'hf_tokenizer.json'
+_HF_CONFIG_FILE = 'tokenizer_config.json'
 _SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 
 
@@ -44,6 +58,9 @@ class Tokenizer(Protocol):
   """What the pipeline, trainer and decoders rely on."""
 
   kind: str
+  pad_id: int | None
+  bos_id: int | None
+  eos_id: int | None
 
   @property
   def vocab_size(self) -> int:
@@ -61,14 +78,20 @@ class Tokenizer(Protocol):
 
 def _write_config(directory: str | os.PathLike, config: dict) -> None:
   os.makedirs(directory, exist_ok=True)
-  config = dict(config, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-                unk_id=UNK_ID)
+  config = dict(dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                     unk_id=UNK_ID), **config)
   with open(os.path.join(directory, _CONFIG_FILE), 'w') as f:
     json.dump(config, f, indent=2, sort_keys=True)
     f.write('\n')
 
 
-class ByteTokenizer:
+class _ReservedIds:
+  """The shared reserved ids, as attributes (HuggingFaceTokenizer has its
+  own)."""
+  pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+
+class ByteTokenizer(_ReservedIds):
   """UTF-8 bytes shifted past the reserved ids: byte b has id b + 4.
 
   vocab_size is 260 (4 reserved + 256 bytes). Any string round-trips exactly;
@@ -98,7 +121,7 @@ class ByteTokenizer:
     return 'ByteTokenizer()'
 
 
-class SentencePieceTokenizer:
+class SentencePieceTokenizer(_ReservedIds):
   """A SentencePiece model (unigram or BPE) with the shared reserved ids.
 
   Built from a serialized model proto (``train`` or ``load_tokenizer``), so the
@@ -203,8 +226,160 @@ def _lines(texts: Iterable[str]) -> Iterator[str]:
         yield line
 
 
+_HF_SPECIALS = ('pad', 'bos', 'eos', 'unk')
+
+
+class HuggingFaceTokenizer:
+  """A Hugging Face ``tokenizers`` tokenizer (the text of a tokenizer.json).
+
+  Ids are the file's own. ``special_tokens`` names the pad, bos, eos and unk
+  tokens (a missing one is None, and so is its id). ``encode`` adds no
+  special tokens; ``decode`` drops every special token and any id outside
+  the vocabulary. Built from the JSON text, so it needs no file and pickles.
+  """
+
+  kind = 'huggingface'
+
+  def __init__(self, tokenizer_json: str,
+               special_tokens: Mapping[str, str | None] | None = None):
+    # pylint: disable-next=g-import-not-at-top
+    from tokenizers import Tokenizer as _Backend
+    self._json = tokenizer_json
+    self._tok = _Backend.from_str(tokenizer_json)
+    special_tokens = special_tokens or {}
+    self.special_tokens = {k: special_tokens.get(k) for k in _HF_SPECIALS}
+    for name, token in self.special_tokens.items():
+      if token is not None and self._tok.token_to_id(token) is None:
+        raise ValueError(f'The {name} token {token!r} is not in the '
+                         'tokenizer\'s vocabulary.')
+
+  @classmethod
+  def from_pretrained(cls, directory: str | os.PathLike
+                      ) -> HuggingFaceTokenizer:
+    """From a transformers tokenizer directory: its tokenizer.json, with the
+    special tokens named in tokenizer_config.json or special_tokens_map.json.
+    """
+    with open(os.path.join(directory, 'tokenizer.json'),
+              encoding='utf-8') as f:
+      text = f.read()
+    specials = {}
+    for name in ('special_tokens_map.json', _HF_CONFIG_FILE):
+      path = os.path.join(directory, name)
+      if not os.path.exists(path):
+        continue
+      with open(path, encoding='utf-8') as f:
+        config = json.load(f)
+      for key in _HF_SPECIALS:
+        token = config.get(f'{key}_token')
+        if isinstance(token, dict):  # AddedToken as saved by older versions
+          token = token.get('content')
+        if isinstance(token, str):
+          specials[key] = token
+    return cls(text, specials)
+
+  def _special_id(self, name: str) -> int | None:
+    token = self.special_tokens[name]
+    return None if token is None else self._tok.token_to_id(token)
+
+  pad_id = property(lambda self: self._special_id('pad'))
+  bos_id = property(lambda self: self._special_id('bos'))
+  eos_id = property(lambda self: self._special_id('eos'))
+  unk_id = property(lambda self: self._special_id('unk'))
+
+  @property
+  def vocab_size(self) -> int:
+    return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Iterable[int]) -> str:
+    n = self.vocab_size
+    return self._tok.decode([int(i) for i in ids if 0 <= int(i) < n],
+                            skip_special_tokens=True)
+
+  def save(self, directory: str | os.PathLike) -> None:
+    _write_config(directory, {
+        'kind': self.kind, 'model_file': _HF_FILE,
+        'vocab_size': self.vocab_size, 'special_tokens': self.special_tokens,
+        **{f'{k}_id': self._special_id(k) for k in _HF_SPECIALS}})
+    with open(os.path.join(directory, _HF_FILE), 'w', encoding='utf-8') as f:
+      f.write(self._json)
+
+  def save_pretrained(self, directory: str | os.PathLike) -> None:
+    """tokenizer.json and tokenizer_config.json, which transformers'
+    ``AutoTokenizer.from_pretrained(directory)`` reads."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, 'tokenizer.json'), 'w',
+              encoding='utf-8') as f:
+      f.write(self._json)
+    config = {'tokenizer_class': 'PreTrainedTokenizerFast',
+              **{f'{k}_token': v for k, v in self.special_tokens.items()
+                 if v is not None}}
+    with open(os.path.join(directory, _HF_CONFIG_FILE), 'w') as f:
+      json.dump(config, f, indent=2, sort_keys=True)
+      f.write('\n')
+
+  def __getstate__(self):
+    return {'json': self._json, 'special_tokens': self.special_tokens}
+
+  def __setstate__(self, state):
+    self.__init__(state['json'], state['special_tokens'])
+
+  def __repr__(self) -> str:
+    return f'HuggingFaceTokenizer(vocab_size={self.vocab_size})'
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's table from bytes to printable characters (the ByteLevel
+  alphabet of ``tokenizers``)."""
+  printable = {*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1),
+               *range(ord('®'), ord('ÿ') + 1)}
+  table, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      table[b] = chr(b)
+    else:
+      table[b] = chr(256 + extra)
+      extra += 1
+  return table
+
+
+def to_huggingface(tokenizer: Tokenizer) -> HuggingFaceTokenizer | None:
+  """The same tokenizer (same ids, same text) for ``transformers``, or None
+  where there is none here (SentencePiece).
+
+  Bytes become a byte-level BPE without merges: byte b is id b + 4, the
+  reserved ids are the special tokens <pad>, <s>, </s>, <unk>.
+  """
+  if isinstance(tokenizer, HuggingFaceTokenizer):
+    return tokenizer
+  if not isinstance(tokenizer, ByteTokenizer):
+    return None
+  # pylint: disable-next=g-import-not-at-top
+  from tokenizers import Tokenizer as _Backend, decoders, models, pre_tokenizers
+  names = ('<pad>', '<s>', '</s>', '<unk>')
+  vocab = {name: i for i, name in enumerate(names)}
+  vocab.update({c: b + NUM_RESERVED for b, c in _bytes_to_unicode().items()})
+  backend = _Backend(models.BPE(vocab, merges=[]))
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                   use_regex=False)
+  backend.decoder = decoders.ByteLevel()
+  backend.add_special_tokens(list(names))
+  return HuggingFaceTokenizer(backend.to_str(), dict(zip(_HF_SPECIALS, names)))
+
+
+def reserved_id_mismatches(tokenizer: Tokenizer) -> list[str]:
+  """'eos is 50256'-style notes for each of PAD/BOS/EOS that the tokenizer
+  puts elsewhere than the reserved id the trainer and decoders use."""
+  return [f'{name} is {getattr(tokenizer, f"{name}_id")}'
+          for name, want in (('pad', PAD_ID), ('bos', BOS_ID),
+                             ('eos', EOS_ID))
+          if getattr(tokenizer, f'{name}_id', want) != want]
+
+
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
-  """Restores a tokenizer written by ``save`` (either kind)."""
+  """Restores a tokenizer written by ``save`` (any kind)."""
   path = os.path.join(directory, _CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f'No {_CONFIG_FILE} in {directory}: not a '
@@ -216,6 +391,10 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   if config['kind'] == SentencePieceTokenizer.kind:
     with open(os.path.join(directory, config['model_file']), 'rb') as f:
       return SentencePieceTokenizer(f.read())
+  if config['kind'] == HuggingFaceTokenizer.kind:
+    with open(os.path.join(directory, config['model_file']),
+              encoding='utf-8') as f:
+      return HuggingFaceTokenizer(f.read(), config['special_tokens'])
   raise ValueError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
 
 
@@ -236,5 +415,6 @@ def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
 
 __all__: Sequence[str] = (
     'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'NUM_RESERVED', 'Tokenizer',
-    'ByteTokenizer', 'SentencePieceTokenizer', 'load_tokenizer',
-    'make_tokenizer')
+    'ByteTokenizer', 'SentencePieceTokenizer', 'HuggingFaceTokenizer',
+    'load_tokenizer', 'make_tokenizer', 'reserved_id_mismatches',
+    'to_huggingface')
