@@ -63,10 +63,16 @@ class Setup:
 
   def init_state(self, seed: int) -> dict[str, Any]:
     """A fresh train state (call under jit with out_shardings)."""
-    params_key, rng = jax.random.split(jax.random.key(seed))
-    params = self.init_params(params_key)
+    params_key, _ = jax.random.split(jax.random.key(seed))
+    return self.state_for(self.init_params(params_key), seed)
+
+  def state_for(self, params: Params, seed: int,
+                step: int = 0) -> dict[str, Any]:
+    """The train state of a run with ``seed`` holding ``params`` at ``step``
+    with a fresh optimizer state (imported parameters start here)."""
+    _, rng = jax.random.split(jax.random.key(seed))
     return {'params': params, 'opt_state': self.tx.init(params),
-            'step': jax.numpy.zeros((), jax.numpy.int32),
+            'step': jax.numpy.asarray(step, jax.numpy.int32),
             'rng': jax.random.key_data(rng)}
 
   def abstract_state(self, seed: int = 0) -> dict[str, Any]:

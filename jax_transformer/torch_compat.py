@@ -8,12 +8,16 @@ Two layouts:
 Each layout is a table of :class:`Entry` rows, one per PyTorch tensor, that
 names the JAX parameters it is made of and how to convert both ways. Loading
 checks every key and shape before building anything.
+
+Beside the tensors: the reference model's constructor arguments
+(:func:`reference_kwargs`) and the Hugging Face ``GPT2Config`` of a GPT-2-shaped
+model, both ways (:func:`gpt2_hf_config`, :func:`model_fields_from_gpt2`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -130,6 +134,17 @@ def _check_reference_config(c: ModelConfig) -> None:
                      'hold ' + ', '.join(unsupported) + '.')
 
 
+def reference_kwargs(c: ModelConfig) -> dict[str, Any]:
+  """``TorchTransformer(**reference_kwargs(c))`` is c's reference twin."""
+  return dict(vocab_size=c.vocab_size, d_model=c.d_model, nhead=c.num_heads,
+              num_encoder_layers=c.num_encoder_layers,
+              num_decoder_layers=c.num_decoder_layers,
+              dim_feedforward=c.d_ff, dropout=c.dropout_rate,
+              activation=c.activation, norm_first=c.norm_first,
+              layer_norm_eps=c.layer_norm_eps,
+              tie_embeddings=c.tie_embeddings)
+
+
 def encoder_decoder_entries(c: ModelConfig) -> list[Entry]:
   """The name/shape table of the reference model's state_dict."""
   _check_reference_config(c)
@@ -162,6 +177,15 @@ def encoder_decoder_entries(c: ModelConfig) -> list[Entry]:
 
 # Buffers (not parameters) that some GPT-2 checkpoints carry.
 _GPT2_BUFFERS = ('.attn.bias', '.attn.masked_bias')
+# Our activation -> transformers' activation_function, and back.
+_GPT2_ACTIVATIONS = {'gelu_tanh': 'gelu_new', 'gelu': 'gelu', 'relu': 'relu'}
+_FROM_GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh',
+                          'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu',
+                          'relu': 'relu'}
+# GPT2Config's flags this layout has one value of.
+_GPT2_FIXED = {'scale_attn_weights': True,
+               'scale_attn_by_inverse_layer_idx': False,
+               'add_cross_attention': False}
 
 
 def _check_gpt2_config(c: ModelConfig) -> None:
@@ -208,6 +232,58 @@ def gpt2_entries(c: ModelConfig) -> list[Entry]:
   else:
     entries.append(_matrix('lm_head.weight', 'head', (d, c.vocab_size)))
   return entries
+
+
+def gpt2_hf_config(c: ModelConfig, *, bos_id: int | None = None,
+                   eos_id: int | None = None,
+                   pad_id: int | None = None) -> dict[str, Any]:
+  """The Hugging Face ``GPT2Config`` (as a dict) of a GPT-2-shaped model:
+  ``GPT2LMHeadModel(GPT2Config(**d))`` holds :func:`decoder_lm_to_gpt2`."""
+  _check_gpt2_config(c)
+  return dict(
+      model_type='gpt2', architectures=['GPT2LMHeadModel'],
+      vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model,
+      n_layer=c.num_decoder_layers, n_head=c.num_heads, n_inner=c.d_ff,
+      activation_function=_GPT2_ACTIVATIONS[c.activation],
+      layer_norm_epsilon=c.layer_norm_eps, resid_pdrop=c.dropout_rate,
+      embd_pdrop=c.dropout_rate, attn_pdrop=c.attention_dropout_rate,
+      tie_word_embeddings=c.tie_embeddings, reorder_and_upcast_attn=False,
+      bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
+      **_GPT2_FIXED)
+
+
+def model_fields_from_gpt2(hf: Mapping[str, Any]
+                           ) -> tuple[dict[str, Any], list[str]]:
+  """(ModelConfig fields, what this layout cannot hold) of a GPT2Config dict
+  (a Hugging Face config.json; missing keys take GPT2Config's defaults)."""
+  unsupported = [f'{k}={hf[k]!r}' for k, v in _GPT2_FIXED.items()
+                 if hf.get(k, v) != v]
+  activation = hf.get('activation_function', 'gelu_new')
+  if activation not in _FROM_GPT2_ACTIVATIONS:
+    unsupported.append(f'activation_function={activation!r}')
+  d = hf.get('n_embd', 768)
+  fields = dict(
+      vocab_size=hf.get('vocab_size', 50257),
+      max_len=hf.get('n_positions', 1024), d_model=d,
+      num_heads=hf.get('n_head', 12), num_decoder_layers=hf.get('n_layer', 12),
+      d_ff=hf.get('n_inner') or 4 * d,
+      activation=_FROM_GPT2_ACTIVATIONS.get(activation, activation),
+      layer_norm_eps=hf.get('layer_norm_epsilon', 1e-5),
+      tie_embeddings=hf.get('tie_word_embeddings', True),
+      # Fixed by the layout (see _check_gpt2_config).
+      num_encoder_layers=0, positional='learned', norm_first=True,
+      norm='layernorm', use_bias=True, final_norm=True,
+      scale_embeddings=False)
+  return fields, unsupported
+
+
+def with_gpt2_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+  """GPT2LMHeadModel keys for a state dict saved from GPT2Model (``wte.weight``
+  instead of ``transformer.wte.weight``, as on the original hub files)."""
+  if 'wte.weight' not in state_dict:
+    return dict(state_dict)
+  return {k if k.startswith('lm_head.') else f'transformer.{k}': v
+          for k, v in state_dict.items()}
 
 
 # ----------------------------------------------------------------------------
@@ -286,6 +362,16 @@ def import_state_dict(state_dict: Mapping[str, object],
       values[path] = array
   return model_def.merge({k: jnp.asarray(v, dtype)
                           for k, v in values.items()})
+
+
+def module_from_flat(flat: Mapping[str, object],
+                     build: Callable[[], nnx.Module],
+                     dtype=jnp.float32) -> nnx.Module:
+  """The module ``build()`` holding its own flat parameter dict (the keys of
+  ``params.split``), checked key by key like a state dict."""
+  _, abstract = params_lib.abstract(build)
+  return import_state_dict(flat, build, [_same(k, k) for k in abstract],
+                           dtype)
 
 
 def encoder_decoder_from_torch(state_dict: Mapping[str, object],

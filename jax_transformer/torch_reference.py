@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from jax_transformer import torch_compat
+
 
 def sinusoidal(n: int, d: int) -> torch.Tensor:
   """[n, d] positional encodings, sin on even and cos on odd dimensions."""
@@ -58,11 +60,7 @@ class TorchTransformer(nn.Module):
   @classmethod
   def from_config(cls, config) -> 'TorchTransformer':
     """The reference twin of a ``jax_transformer.ModelConfig``."""
-    return cls(config.vocab_size, config.d_model, config.num_heads,
-               config.num_encoder_layers, config.num_decoder_layers,
-               config.d_ff, config.dropout_rate, config.activation,
-               config.norm_first, config.layer_norm_eps,
-               config.tie_embeddings)
+    return cls(**torch_compat.reference_kwargs(config))
 
   def encode_tokens(self, ids: torch.Tensor) -> torch.Tensor:
     """[batch, seq] -> [batch, seq, d_model]."""

@@ -19,16 +19,19 @@ from jax_transformer.data.datasets import (DATASETS, DatasetSpec,
                                            PreparedData, default_data_dir,
                                            get_spec, load_source, prepare)
 from jax_transformer.data.pipeline import (DataConfig, global_batch,
-                                           make_dataset, make_iterator)
+                                           initial_state, make_dataset,
+                                           make_iterator)
 from jax_transformer.data.tokenizers import (BOS_ID, EOS_ID, PAD_ID, UNK_ID,
                                              ByteTokenizer,
+                                             HuggingFaceTokenizer,
                                              SentencePieceTokenizer,
                                              load_tokenizer)
 
 __all__ = [
     'BOS_ID', 'ByteTokenizer', 'DATASETS', 'DataConfig', 'DatasetSpec',
-    'EOS_ID', 'PAD_ID', 'PreparedData', 'SentencePieceTokenizer', 'UNK_ID',
-    'default_data_dir', 'get_spec', 'global_batch', 'lm_example', 'lm_layout',
+    'EOS_ID', 'HuggingFaceTokenizer', 'PAD_ID', 'PreparedData',
+    'SentencePieceTokenizer', 'UNK_ID', 'default_data_dir', 'get_spec',
+    'global_batch', 'initial_state', 'lm_example', 'lm_layout',
     'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
     'make_iterator', 'prepare', 'translation_example', 'translation_layout',
     'translation_source',

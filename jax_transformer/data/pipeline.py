@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_transformer.data import batching
 from jax_transformer.data.datasets import (DatasetSpec, as_text, get_spec,
                                            load_source)
-from jax_transformer.data.tokenizers import Tokenizer, EOS_ID
+from jax_transformer.data.tokenizers import ByteTokenizer, EOS_ID, Tokenizer
 
 DIRECTIONS = ('en-de', 'de-en')
 
@@ -287,6 +287,27 @@ def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
       seed=seed, shuffle=shuffle, num_epochs=num_epochs,
       process_index=process_index, process_count=process_count,
       num_threads=num_threads, cache_limit=cache_limit, source=source))
+
+
+def initial_state(data_cfg: Any, split: str, *, batch_size: int,
+                  seq_len: int, seed: int = 0) -> dict[str, Any]:
+  """What ``make_iterator(data_cfg, split, ...).get_state()`` gives before
+  the first batch, without reading the dataset (for a checkpoint written
+  outside training, e.g. of imported parameters).
+
+  An unread iterator's state follows from the pipeline's shape, not from
+  the examples, so it is taken from the same pipeline over a one-example
+  stand-in source, tokenized as bytes.
+  """
+  cfg = DataConfig.from_any(data_cfg)
+  spec = get_spec(cfg.name)
+  if spec.task == 'translation':
+    example = dict.fromkeys(translation_keys(spec, cfg.direction), 'a')
+  else:  # enough tokens for one window of a stream
+    example = {spec.text_key: 'a' * (seq_len + 1)}
+  return make_iterator(cfg, split, ByteTokenizer(), batch_size=batch_size,
+                       seq_len=seq_len, seed=seed, process_index=0,
+                       process_count=1, source=[example]).get_state()
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh,

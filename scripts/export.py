@@ -1,0 +1,115 @@
+"""Export a trained checkpoint for PyTorch, Hugging Face or any framework.
+
+    python scripts/export.py --workdir runs/ende --format torch \
+        --out ende.pt --verify
+    python scripts/export.py --workdir runs/gpt2 --format hf --out gpt2_hf \
+        --verify
+    python scripts/export.py --workdir runs/lm --format safetensors \
+        --out lm.safetensors --step 400
+
+Formats:
+
+  torch        OUT: a state_dict (torch.save) for the reference
+               encoder-decoder (jax_transformer/torch_reference.py) or for
+               transformers' GPT2LMHeadModel (a GPT-2-shaped decoder LM:
+               learned positions, pre-norm LayerNorm, biases, MHA, no
+               SwiGLU); OUT's stem + .json: the config; + .tokenizer/: the
+               tokenizer. Rebuild and load it in PyTorch:
+
+                 import json, torch
+                 meta = json.load(open('ende.json'))
+                 from jax_transformer.torch_reference import TorchTransformer
+                 model = TorchTransformer(**meta['torch_config'])
+                 # a GPT-2-shaped LM instead:
+                 # from transformers import GPT2Config, GPT2LMHeadModel
+                 # model = GPT2LMHeadModel(GPT2Config(**meta['torch_config']))
+                 model.load_state_dict(torch.load('ende.pt', weights_only=True),
+                                       strict=True)
+
+  hf           OUT/: config.json + model.safetensors for
+               transformers.GPT2LMHeadModel.from_pretrained(OUT), with
+               tokenizer.json for AutoTokenizer when the tokenizer has a
+               transformers form (bytes and imported Hugging Face tokenizers;
+               not SentencePiece). Decoder-only GPT-2-shaped models only.
+  safetensors  OUT: every parameter under its dotted name (as
+               jax_transformer.params.split names it), the model kind,
+               config and step in the file's metadata; OUT's stem +
+               .tokenizer/: the tokenizer.
+
+--verify loads the export with PyTorch (transformers for GPT-2; for
+safetensors, a JAX model rebuilt from the file alone) and compares its
+logits with the JAX model on two batches of the workdir's validation data
+(random in-vocab ids when the data is not available, saying so), printing
+the largest absolute difference. scripts/import_params.py reads all three
+formats back.
+
+Exit codes: 0 done; 1 --verify found a difference above --tolerance; 2 bad
+input (missing workdir or checkpoint step, a format the model does not fit),
+one sentence on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+from jax_transformer import export as export_lib
+
+BAD_INPUT, VERIFY_FAILED = 2, 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      description='Export a trained checkpoint as a PyTorch state_dict, a '
+                  'Hugging Face GPT-2 directory or a safetensors file.',
+      allow_abbrev=False)
+  p.add_argument('--workdir', required=True,
+                 help='training directory (config.json, tokenizer/, '
+                      'checkpoints/)')
+  p.add_argument('--format', required=True, choices=export_lib.FORMATS)
+  p.add_argument('--out', required=True,
+                 help='file to write (a directory for --format hf)')
+  p.add_argument('--step', type=int, default=None,
+                 help='checkpoint step (default: the latest)')
+  p.add_argument('--verify', action='store_true',
+                 help='compare the export\'s logits with the JAX model\'s')
+  p.add_argument('--tolerance', type=float, default=export_lib.TOLERANCE,
+                 help='largest absolute logit difference --verify accepts')
+  return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    trained = export_lib.load_workdir(args.workdir, args.step)
+    for note in export_lib.write(trained, args.format, args.out):
+      print(note)
+    print(f'Wrote {args.out} ({args.format}) from step {trained.step} of '
+          f'{args.workdir}.')
+    if args.verify:
+      batches, inputs, note = export_lib.verification_batches(trained)
+      if note:
+        print(note)
+      result = export_lib.verify(trained, args.format, args.out, batches,
+                                 inputs)
+      print(result)
+      export_lib.check_verified(result, args.tolerance)
+  except export_lib.InputError as e:
+    print(f'export.py: {e}', file=sys.stderr)
+    return BAD_INPUT
+  except export_lib.VerificationError as e:
+    print(f'export.py: {e}', file=sys.stderr)
+    return VERIFY_FAILED
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

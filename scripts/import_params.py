@@ -1,0 +1,126 @@
+"""Import parameters from a PyTorch, Hugging Face or safetensors file into a
+new training workdir.
+
+    python scripts/import_params.py --from gpt2_hf_dir \
+        --config configs/gpt2_small.py:shakespeare --workdir runs/gpt2
+    python scripts/import_params.py --from ende.pt \
+        --config configs/translate_ende.py --workdir runs/ende_imported
+    python scripts/import_params.py --from lm.safetensors \
+        --config configs/lm_shakespeare.py --workdir runs/lm_copy \
+        --config.optim.learning_rate=1e-4
+
+--from is one of: a Hugging Face GPT-2 directory (config.json,
+model.safetensors or its shards, else pytorch_model.bin read with
+torch.load(weights_only=True); tokenizer.json); a file from
+scripts/export.py --format safetensors; a PyTorch state_dict of the
+reference encoder-decoder or of GPT2LMHeadModel (from --format torch, or
+your own torch.save(model.state_dict(), PATH)).
+
+The experiment config (and any --config.a.b=value override, as in
+train.py) gives the architecture, data and optimizer; the file must fit
+it: fields it records that differ, or shapes that do not fit, are named.
+model.vocab_size unset is taken from the file. The tokenizer comes from the
+Hugging Face directory's tokenizer.json (a Hugging Face tokenizer kind that
+keeps the file's ids), else from PATH's stem + .tokenizer/ as export writes
+it, else from the config's data, as train.py builds it.
+
+The workdir gets what train.py writes: an Orbax checkpoint at the file's
+step (0 when it has none) holding the parameters, a fresh optimizer state
+and an unread data position, config.json and tokenizer/. Then
+scripts/generate.py decodes with it, and train.py with the same config and
+flags (printed at the end) fine-tunes it from that step.
+
+Bad input (a missing --from path or config, a non-empty --workdir, a file
+that does not fit the config) is one sentence on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+from jax_transformer import import_params
+from jax_transformer.export import InputError
+
+BAD_INPUT = 2
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      description='Import a PyTorch, Hugging Face or safetensors file into '
+                  'a new training workdir.',
+      epilog='Any --config.a.b=value overrides a config field, as in '
+             'train.py.', allow_abbrev=False)
+  p.add_argument('--from', dest='source', required=True,
+                 help='Hugging Face GPT-2 directory, safetensors file or '
+                      'PyTorch state_dict')
+  p.add_argument('--config', required=True,
+                 help='experiment config, configs/NAME.py[:preset]')
+  p.add_argument('--workdir', required=True,
+                 help='new (or empty) directory to write')
+  args, overrides = p.parse_known_args(argv)
+  args.overrides = overrides
+  return args
+
+
+def load_config(spec: str, overrides: Sequence[str]):
+  """The ConfigDict of configs/NAME.py[:preset] with --config.* overrides,
+  parsed as train.py parses them (ml_collections config_flags)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  path = spec.split(':')[0]
+  if not os.path.isfile(path):
+    raise InputError(f'--config {path} does not exist.')
+  # configs/NAME.py imports configs.common: its checkout must be importable.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  argv = ['import_params.py', '--config', spec, *overrides]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file('config', None, 'experiment config',
+                                  flag_values=values, sys_argv=argv)
+  try:
+    rest = values(argv)
+    cfg = values.config
+  except AttributeError as e:
+    raise InputError(f'{spec} has no field {e} to override.') from None
+  except Exception as e:  # pylint: disable=broad-except
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    raise InputError(f'--config {spec}: {lines[-1] if lines else e}') from None
+  if len(rest) > 1:
+    raise InputError(f'Unexpected arguments {rest[1:]}; overrides look like '
+                     '--config.a.b=value.')
+  return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    cfg = load_config(args.config, args.overrides)
+    done = import_params.import_into(args.source, cfg, args.workdir)
+  except InputError as e:
+    print(f'import_params.py: {e}', file=sys.stderr)
+    return BAD_INPUT
+  mc = done.model_config
+  print(f'Imported {args.source} into {args.workdir} at step {done.step} '
+        f'({cfg.model_kind}, d_model {mc.d_model}, '
+        f'{mc.num_encoder_layers}+{mc.num_decoder_layers} layers, vocabulary '
+        f'{mc.vocab_size}).')
+  for note in done.notes:
+    print(note)
+  flags = ' '.join([*args.overrides, *done.extra_flags])
+  print(f'Fine-tune with: python train.py --config {args.config} --workdir '
+        f'{args.workdir} {flags}'.rstrip())
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
