@@ -3,7 +3,9 @@
 The paper's architecture (post-norm, ReLU, sinusoidal positions, tied
 embeddings over a joint SentencePiece vocabulary, label smoothing 0.1 and
 the inverse-square-root schedule), scaled down to ~20k sentence pairs.
-Presets: (none) a few-hour CPU run; tiny: a seconds-long smoke run.
+Presets: (none) a few-hour CPU run; cpu30: about 30 minutes on 2 CPU
+cores (pre-norm, packed rows, a 2000-piece vocabulary; measured in the
+README); tiny: a seconds-long smoke run.
 """
 
 from ml_collections import ConfigDict
@@ -48,7 +50,13 @@ def get_config(preset: str | None = None) -> ConfigDict:
 
 
 def cpu30(c: ConfigDict) -> None:
-  """About 30 minutes on 2 CPU cores (see README, "Translation")."""
+  """About 30 minutes on 2 CPU cores (README: "Translation in a CPU budget").
+
+  Chosen on train[-500:] held out of training: pre-norm trains stably at a
+  higher rate than the paper's post-norm; packing removes the ~2/3 of each
+  step that unpacked rows spend on padding; small batches give more updates
+  in the budget; the holdout runs underfit, so no dropout.
+  """
   c.model = paper_model(
       d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
       d_ff=1024, dropout_rate=0.0, attention_dropout_rate=0.0,

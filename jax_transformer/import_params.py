@@ -287,6 +287,6 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
   if moved:
     notes.append(
         f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '
-        'EOS=2 that train.py and generate.py use: generation stops at id 2 '
-        'and BOS/EOS markers in training data become ids 1 and 2.')
+        'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
+        'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
   return Imported(workdir, source.step, model_config, extra_flags, notes)

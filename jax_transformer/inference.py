@@ -186,8 +186,8 @@ def _shape(model, width: int, new_tokens: int,
   return width, new_tokens
 
 
-def _strip_eos(tokens: list[int]) -> list[int]:
-  return tokens[:-1] if tokens and tokens[-1] == data.EOS_ID else tokens
+def _strip_eos(tokens: list[int], eos_id: int | None) -> list[int]:
+  return tokens[:-1] if tokens and tokens[-1] == eos_id else tokens
 
 
 def decode_texts(model, tokenizer, texts: Sequence[str], *,
@@ -230,6 +230,9 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
   if key is None and not is_deterministic(sampler):
     raise ValueError('Sampling needs a key, e.g. key=jax.random.key(0).')
   rows = encode_texts(texts, tokenizer, model, stream)
+  # Decoding stops at the tokenizer's own EOS (a Hugging Face one's may not
+  # be the project's id 2); None never stops early.
+  eos_id = getattr(tokenizer, 'eos_id', data.EOS_ID)
   limits = []
   for i, row in enumerate(rows):
     try:
@@ -254,20 +257,24 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                         max(limits[i] for i in batch), beam_size == 1)
       filled = batch + batch[-1:] * (size - len(batch))
       ids = pad_rows([rows[i] for i in filled], width)
-      inputs = ({'src_ids': ids} if isinstance(model, EncoderDecoder)
-                else {'prompt_ids': ids})
+      # Explicit masks: a tokenizer's id 0 may be a real token (GPT-2's).
+      mask = np.arange(width) < np.array([[len(rows[i])] for i in filled])
+      inputs = ({'src_ids': ids, 'src_mask': mask}
+                if isinstance(model, EncoderDecoder)
+                else {'prompt_ids': ids, 'prompt_mask': mask})
       if beam_size > 1:
         out = decoding.beam_search(model, **inputs, beam_size=beam_size,
-                                   alpha=alpha, max_len=n, mesh=mesh)
+                                   alpha=alpha, max_len=n, eos_id=eos_id,
+                                   mesh=mesh)
       else:
         out = decoding.generate(
             model, **inputs, max_new_tokens=n, sampler=sampler,
             key=None if key is None else jax.random.fold_in(key, b),
-            mesh=mesh)
+            eos_id=eos_id, mesh=mesh)
       for r, i in enumerate(batch):
         tokens = decoding.row_tokens(out, r)
         if beam_size == 1:
           tokens = tokens[:limits[i]]
-        outputs[i] = tokenizer.decode(_strip_eos(tokens))
+        outputs[i] = tokenizer.decode(_strip_eos(tokens, eos_id))
       bar.update(len(batch))
   return outputs
