@@ -79,6 +79,26 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   return prepared if jax.process_index() == 0 else prepare()
 
 
+# Fields that count steps, batches or checkpoints: 0 would divide by zero
+# after the first step or (keep_checkpoints) delete every checkpoint.
+POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
+                   'log_every', 'eval_every', 'checkpoint_every',
+                   'keep_checkpoints')
+
+
+def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
+  """Refuses, in one sentence and before any data preparation, a run
+  field that is not a positive integer."""
+  for name in POSITIVE_FIELDS:
+    value = cfg.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'config.{name} must be a positive integer, got '
+                       f'{value!r}.')
+  if (cfg.get('eval_bleu_examples') or 0) < 0:
+    raise ValueError('config.eval_bleu_examples must be >= 0 (0 turns the '
+                     f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
+
+
 def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses to resume a workdir trained with another model or data."""
   saved = checkpoint.load_config(workdir)
@@ -157,6 +177,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   """Trains (resuming from workdir if it holds a checkpoint); returns the
   last logged metrics."""
   main = jax.process_index() == 0
+  check_run_fields(cfg)
   check_resumable(cfg, workdir)
   prepared = prepare_data(cfg)
   saved_tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_DIR)

@@ -122,6 +122,25 @@ def test_bad_configs_fail_in_one_sentence_before_compiling(
   assert '\n' not in str(err.value)
 
 
+@pytest.mark.parametrize('field', ['log_every', 'eval_every',
+                                   'checkpoint_every', 'keep_checkpoints',
+                                   'num_steps'])
+def test_non_positive_run_fields_refused_before_data(field, tmp_path,
+                                                     monkeypatch):
+  cfg = tiny_cfg(data=-1)
+  setattr(cfg, field, 0)
+  monkeypatch.setattr(trainer, 'prepare_data', forbidden_prepare)
+  with pytest.raises(ValueError) as err:
+    trainer.train_and_evaluate(cfg, str(tmp_path))
+  assert str(err.value) == (f'config.{field} must be a positive integer, '
+                            'got 0.')
+  assert not os.listdir(tmp_path)
+
+
+def forbidden_prepare(cfg):
+  raise AssertionError('prepared data before validating the config')
+
+
 class FakePrepared:
   class tokenizer:  # noqa: N801
     vocab_size = VOCAB
