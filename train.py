@@ -21,12 +21,19 @@ flags.DEFINE_string('coordinator_address', None,
                     'automatic cluster detection.')
 flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
+flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
+                  'reuse (glibc), so CPU steps do not page-fault their '
+                  'temporaries in every step (see jax_transformer/'
+                  'host_memory.py).')
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if FLAGS.retain_host_memory:
+    from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
+    host_memory.retain_freed_memory()
   if not FLAGS['verbosity'].present:
     # Orbax logs every file it writes at INFO.
     logging.set_verbosity(logging.WARNING)

@@ -19,7 +19,7 @@ def model_fields(**overrides) -> ConfigDict:
       positional='rotary', max_len=256, rope_base=10000.0,
       tie_embeddings=True, scale_embeddings=False, use_bias=False,
       layer_norm_eps=1e-5, dtype='float32', param_dtype='float32',
-      attention_implementation=optional(str))
+      attention_implementation=optional(str), dropout_rng='hash')
   fields.update(overrides)
   return ConfigDict(fields)
 
@@ -46,6 +46,9 @@ def base_config() -> ConfigDict:
   # Translation: greedy BLEU on this many validation sentences at each eval.
   c.eval_bleu_examples = 0
   c.checkpoint_every = 200
+  # Peak FLOP/s of one device in TFLOP/s, for MFU in the logs; unset: built
+  # in for H100/H200/A100/TPU v4-v6 (bf16 dense), no MFU on CPUs.
+  c.peak_tflops = optional(float)
   c.keep_checkpoints = 3
   c.seed = 0
   c.optim = ConfigDict(dict(

@@ -173,7 +173,8 @@ class Attention(nnx.Module):
 
   def _attend_with_dropout(self, q, k, v, mask, rate, rngs):
     """The explicit path, needed because the fused kernel has no dropout."""
-    weights = dropout(attention_weights(q, k, mask), rate, rngs, False)
+    weights = dropout(attention_weights(q, k, mask), rate, rngs, False,
+                      self.config.dropout_rng)
     v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
     return jnp.einsum('BNTS,BSNH->BTNH', weights.astype(v.dtype), v)
 

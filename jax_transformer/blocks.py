@@ -26,10 +26,10 @@ class _Layer(nnx.Module):
 
   def _residual(self, x: Array, norm: nnx.Module, sublayer: Callable,
                 rngs: nnx.Rngs | None, deterministic: bool) -> Array:
-    rate = self.config.dropout_rate
+    rate, rng = self.config.dropout_rate, self.config.dropout_rng
     if self.config.norm_first:
-      return x + dropout(sublayer(norm(x)), rate, rngs, deterministic)
-    return norm(x + dropout(sublayer(x), rate, rngs, deterministic))
+      return x + dropout(sublayer(norm(x)), rate, rngs, deterministic, rng)
+    return norm(x + dropout(sublayer(x), rate, rngs, deterministic, rng))
 
   def _feed_forward(self, x, rngs, deterministic):
     return self._residual(

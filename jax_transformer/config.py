@@ -55,6 +55,10 @@ class ModelConfig:
   param_dtype: str = 'float32'
   # jax.nn.dot_product_attention backend: None (XLA picks), 'xla', 'cudnn'.
   attention_implementation: str | None = None
+  # Where dropout's random bits come from: 'hash' (a counter hash seeded
+  # per call from the step's key: cheap to run and to compile) or
+  # 'threefry' (jax.random.bernoulli, as before). Same keep rate either way.
+  dropout_rng: str = 'hash'
 
   def __post_init__(self):
     for problem in self._problems():
@@ -96,6 +100,9 @@ class ModelConfig:
     for name in ('dtype', 'param_dtype'):
       if getattr(self, name) not in _DTYPES:
         yield f'{name}={getattr(self, name)!r} is not one of {_DTYPES}.'
+    if self.dropout_rng not in ('hash', 'threefry'):
+      yield ("dropout_rng must be 'hash' or 'threefry', got "
+             f'{self.dropout_rng!r}.')
     if self.attention_implementation not in (None, 'xla', 'cudnn'):
       yield ('attention_implementation must be None, "xla" or "cudnn", got '
              f'{self.attention_implementation!r}.')

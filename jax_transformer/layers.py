@@ -28,15 +28,46 @@ def param(rngs: nnx.Rngs, init: Initializer, shape: tuple[int, ...],
                    eager_sharding=False)
 
 
+def _mix32(x: Array) -> Array:
+  """A bijective 32-bit integer hash (xorshift-multiply, two rounds)."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
+
+
+def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
+  """uint32 bits of ``shape`` from a counter hash seeded by ``key``.
+
+  Two seed words come from ``key`` (one small threefry call); each element
+  hashes its flat index with them. Unlike threefry over the whole shape,
+  this is a few integer ops that fuse into the consumer: no [shape] buffer
+  of bits, and a fraction of the compile time. Good enough for dropout
+  masks, not for cryptography.
+  """
+  seeds = jax.random.bits(key, (2,), jnp.uint32)
+  count = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  return _mix32(_mix32(count ^ _mix32(seeds[0])) + seeds[1])
+
+
 def dropout(x: Array, rate: float, rngs: nnx.Rngs | None,
-            deterministic: bool) -> Array:
-  """Inverted dropout; a no-op when ``deterministic`` or ``rate == 0``."""
+            deterministic: bool, rng: str = 'threefry') -> Array:
+  """Inverted dropout; a no-op when ``deterministic`` or ``rate == 0``.
+
+  rng: 'threefry' (``jax.random.bernoulli``) or 'hash' (:func:`hash_bits`).
+  """
   if deterministic or rate == 0.0:
     return x
   if rngs is None:
     raise ValueError('Training mode (deterministic=False) needs '
                      'rngs=nnx.Rngs(dropout=key) for dropout.')
-  keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+  if rng == 'hash':
+    # keep with probability round((1 - rate) * 2^32) / 2^32.
+    threshold = min(round((1.0 - rate) * 2.0 ** 32), 2 ** 32 - 1)
+    keep = hash_bits(rngs.dropout(), x.shape) < jnp.uint32(threshold)
+  else:
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
@@ -188,7 +219,8 @@ class FeedForward(nnx.Module):
       h = jax.nn.silu(gate) * h
     else:
       h = _ACTIVATIONS[self.config.activation](h)
-    h = dropout(h, self.config.dropout_rate, rngs, deterministic)
+    h = dropout(h, self.config.dropout_rate, rngs, deterministic,
+                self.config.dropout_rng)
     y = jnp.einsum('BTF,FD->BTD', h, self.wo[...].astype(dtype))
     if self.use_bias:
       y = y + self.bo[...].astype(dtype)

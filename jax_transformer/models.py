@@ -70,7 +70,8 @@ class _Transformer(nnx.Module):
       x = x + sinusoidal(positions, self.config.d_model).astype(x.dtype)
     elif self.config.positional == 'learned':
       x = x + self.position_embed(positions).astype(x.dtype)
-    return dropout(x, self.config.dropout_rate, rngs, deterministic)
+    return dropout(x, self.config.dropout_rate, rngs, deterministic,
+                   self.config.dropout_rng)
 
   def _logits(self, x: Array) -> Array:
     """x [B, T, D] -> logits [B, T, V] in float32."""

@@ -18,7 +18,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer import (checkpoint, data, evaluation, experiment,
+from jax_transformer import (checkpoint, data, evaluation, experiment, perf,
                              sharding, steps)
 from jax_transformer.metrics import MetricWriter
 
@@ -99,12 +99,21 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
                      f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
 
 
+# Model fields that change how a step computes, not what the state holds:
+# a run may resume with other values of these.
+RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
+                        'attention_dropout_rate', 'dropout_rng')
+
+
 def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses to resume a workdir trained with another model or data."""
   saved = checkpoint.load_config(workdir)
   if saved is None:
     return
   saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
+  for name in RUNTIME_MODEL_FIELDS:
+    for c in (saved, current):
+      c.get('model', {}).pop(name, None)
   for key in ('model_kind', 'model', 'data'):
     if saved.get(key) != current.get(key):
       old, new = saved.get(key), current.get(key)
@@ -227,19 +236,34 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   preemption = Preemption()
   step = int(jax.device_get(state['step']))
   start_step, pending, last = step, [], {}
+  rates = Throughput(cfg, setup.model_config)
   progress = _progress_bar(step, cfg.num_steps, main)
-  tick = time.perf_counter()
+  compiled, previous, tick = None, None, 0.0
   try:
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
-      state, metrics = train_step(state, batch)
+      if compiled is None:
+        compiled, rates.compile_s = _compile(train_step, state, batch)
+        log(f'Compiled the train step in {rates.compile_s:.1f} s.')
+        tick = time.perf_counter()
+      state, metrics = compiled(state, batch)
       pending.append(metrics)
+      if previous is not None:
+        # At most two steps in flight: the bar counts finished steps, and a
+        # signal or a save never waits behind a backlog of dispatches.
+        jax.block_until_ready(previous)
+        progress.update(1)
+      previous = metrics
       step += 1
       done = step == cfg.num_steps
       if step % cfg.log_every == 0 or done:
+        sums = jax.device_get(pending)  # waits for the step just dispatched
         now = time.perf_counter()
-        last = _summarise(pending, now - tick, setup, cfg, step)
-        pending, tick = [], now
+        progress.update(1)
+        previous = None
+        last = _summarise(sums, setup, cfg, step)
+        last.update(rates.row(len(sums), last['target_tokens'], now - tick))
+        pending = []
         if step % cfg.eval_every == 0 or done:
           last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
                                mesh, setup))
@@ -249,11 +273,11 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
             progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
                            f'eval loss {last["eval_loss"]:.4f}, perplexity '
                            f'{last["eval_perplexity"]:.2f}{bleu}')
-          tick = time.perf_counter()
         writer.write(step, last)
         progress.set_postfix(loss=f'{last["loss"]:.3f}',
                              tok_s=f'{last["tokens_per_s"]:,.0f}')
-      progress.update(1)
+        # Evaluation and logging are not training time.
+        tick = time.perf_counter()
       stop = preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
         checkpointer.save(state, train_iter.get_state())
@@ -271,8 +295,45 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   return last
 
 
-def _summarise(pending, seconds, setup, cfg, step) -> dict[str, float]:
-  sums = jax.device_get(pending)
+def _compile(train_step, state, batch):
+  """(the compiled step, seconds spent compiling it)."""
+  start = time.perf_counter()
+  compiled = train_step.lower(state, batch).compile()
+  return compiled, time.perf_counter() - start
+
+
+class Throughput:
+  """Rates over completed steps: step time, tokens/s and, where the
+  device's peak is known (config.peak_tflops, or built in for H100, H200,
+  A100 and TPUs), model FLOPs utilisation (see ``perf.py``)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, model_config):
+    src_len = (cfg.data.get('src_len') or cfg.seq_len
+               if model_config.num_encoder_layers else 0)
+    self.step_flops = perf.step_flops(model_config, cfg.batch_size, src_len,
+                                      cfg.seq_len)['train']
+    peak = cfg.get('peak_tflops')
+    peak = (peak * 1e12 if peak else
+            perf.peak_flops(jax.devices()[0].device_kind))
+    self.peak = None if peak is None else peak * jax.device_count()
+    self.compile_s = None
+
+  def row(self, steps_done: int, tokens: float, seconds: float
+          ) -> dict[str, float]:
+    """Rates of ``steps_done`` steps that took ``seconds`` end to end."""
+    seconds = max(seconds, 1e-9)
+    out = {'step_time_s': seconds / steps_done,
+           'tokens_per_s': tokens / seconds,
+           'model_tflops_per_s': self.step_flops * steps_done / seconds / 1e12}
+    if self.peak:
+      out['mfu'] = self.step_flops * steps_done / seconds / self.peak
+    if self.compile_s is not None:  # once, in the first row
+      out['compile_s'], self.compile_s = self.compile_s, None
+    return out
+
+
+def _summarise(sums, setup, cfg, step) -> dict[str, float]:
+  """Losses per target token, the last gradient norm and learning rate."""
   tokens = sum(float(m['tokens']) for m in sums)
   updates = (step - 1) // int(cfg.optim.get('grad_accum_steps', 1))
   return {
@@ -280,7 +341,6 @@ def _summarise(pending, seconds, setup, cfg, step) -> dict[str, float]:
       'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
       'grad_norm': float(sums[-1]['grad_norm']),
       'learning_rate': float(setup.schedule(updates)),
-      'tokens_per_s': tokens / max(seconds, 1e-9),
       # Target tokens since the last row; summed over rows, the tokens seen.
       'target_tokens': tokens,
   }

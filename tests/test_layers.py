@@ -129,3 +129,47 @@ def test_dropout_needs_rngs_and_keeps_the_mean():
   assert abs(float((y == 0).mean()) - 0.1) < 0.01
   assert abs(float(y.mean()) - 1.0) < 0.01
   np.testing.assert_array_equal(layers.dropout(x, 0.1, None, True), x)
+
+
+@pytest.mark.parametrize('rng', ['hash', 'threefry'])
+def test_dropout_keep_rate_and_scale_for_each_source_of_bits(rng):
+  x = jnp.ones((1000, 1000))
+  y = layers.dropout(x, 0.1, nnx.Rngs(dropout=3), False, rng)
+  dropped = float((y == 0).mean())
+  # Binomial standard deviation over 1e6 draws is 3e-4.
+  assert abs(dropped - 0.1) < 2e-3
+  np.testing.assert_allclose(np.unique(np.asarray(y)), [0.0, 1 / 0.9])
+
+
+def test_threefry_dropout_is_the_old_bernoulli_path():
+  x = jax.random.normal(jax.random.key(1), (64, 32))
+  y = layers.dropout(x, 0.2, nnx.Rngs(dropout=5), False, 'threefry')
+  key = nnx.Rngs(dropout=5).dropout()
+  keep = jax.random.bernoulli(key, 0.8, x.shape)
+  np.testing.assert_array_equal(y, jnp.where(keep, x / 0.8, 0.0))
+
+
+def test_hash_bits_are_deterministic_uniform_and_independent_per_key():
+  a = np.asarray(layers.hash_bits(jax.random.key(0), (512, 512)), np.float64)
+  again = np.asarray(layers.hash_bits(jax.random.key(0), (512, 512)))
+  b = np.asarray(layers.hash_bits(jax.random.key(1), (512, 512)), np.float64)
+  np.testing.assert_array_equal(a, again)
+  u, v = a / 2 ** 32, b / 2 ** 32
+  assert abs(u.mean() - 0.5) < 3e-3 and abs(u.var() - 1 / 12) < 2e-3
+  # Neighbouring elements, and the same element under two keys, are
+  # uncorrelated (|r| well under 4 / sqrt(n) ~ 0.008).
+  for x, y in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:]), (u, v)):
+    assert abs(np.corrcoef(x.ravel(), y.ravel())[0, 1]) < 0.008
+  # Bits are balanced: each of the 32 is set about half the time.
+  ints = np.asarray(layers.hash_bits(jax.random.key(2), (256, 256)))
+  ones = [((ints >> i) & 1).mean() for i in range(32)]
+  assert max(abs(o - 0.5) for o in ones) < 0.01
+
+
+def test_each_dropout_call_draws_a_new_mask():
+  rngs = nnx.Rngs(dropout=0)
+  x = jnp.ones((256, 256))
+  m1 = layers.dropout(x, 0.5, rngs, False, 'hash') == 0
+  m2 = layers.dropout(x, 0.5, rngs, False, 'hash') == 0
+  agree = float((m1 == m2).mean())
+  assert abs(agree - 0.5) < 0.01  # independent masks agree half the time

@@ -60,7 +60,8 @@ def test_resume_is_bitwise_exact(tmp_path, data_dir):
   flags = ['--config.log_every=1', '--config.eval_every=3',
            '--config.checkpoint_every=3']
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-  train(straight, data_dir, '--config.num_steps=6', *flags)
+  train(straight, data_dir, '--config.num_steps=6',
+        '--config.peak_tflops=0.5', *flags)
   train(resumed, data_dir, '--config.num_steps=3', *flags)
   out = train(resumed, data_dir, '--config.num_steps=6', *flags)
   assert 'Resumed from step 3' in out
@@ -69,6 +70,14 @@ def test_resume_is_bitwise_exact(tmp_path, data_dir):
     for key in ('loss', 'grad_norm', 'learning_rate'):
       assert a[step][key] == b[step][key], (step, key)
   assert a[6]['eval_loss'] == b[6]['eval_loss']
+  # Rates over completed steps; compile time once; MFU where a peak is set.
+  assert 'compile_s' in a[1] and not any('compile_s' in a[s] for s in a
+                                         if s > 1)
+  for row in a.values():
+    assert row['tokens_per_s'] == pytest.approx(
+        row['target_tokens'] / row['step_time_s'])
+    assert row['mfu'] == pytest.approx(row['model_tflops_per_s'] / (0.5 * 8))
+  assert 'mfu' not in b[4]  # no peak known for CPUs
   pa, pb = final_params(straight), final_params(resumed)
   for key in pa:
     np.testing.assert_array_equal(pa[key], pb[key], err_msg=key)

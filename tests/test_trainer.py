@@ -148,3 +148,16 @@ class FakePrepared:
 
 def forbidden_jit(*args, **kwargs):
   raise AssertionError('compiled before validating the config')
+
+
+def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
+  saved = tiny_cfg()
+  del saved.model['dropout_rng']  # a workdir written before the field
+  with open(tmp_path / 'config.json', 'w') as f:
+    f.write(saved.to_json())
+  cfg = tiny_cfg()
+  cfg.model.update(dtype='bfloat16', dropout_rate=0.3, dropout_rng='threefry')
+  trainer.check_resumable(cfg, str(tmp_path))  # compute only: resumable
+  cfg.model.d_ff = 128
+  with pytest.raises(ValueError, match=r'different config.model \(d_ff\)'):
+    trainer.check_resumable(cfg, str(tmp_path))

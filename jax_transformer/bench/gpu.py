@@ -1,0 +1,123 @@
+"""bf16 training throughput and MFU on one accelerator, each item time-boxed.
+
+Items: a GPT-2 small shaped decoder LM (124M, T=1024), a ~350M decoder LM
+(GPT-2 medium's shape) and the paper's base encoder-decoder with about 25k
+source + 25k target tokens a step. Each runs in its own subprocess under a
+time limit (a hung compile costs one item, not the loan), with a persistent
+compilation cache so that a second run skips compiling. Parameters stay
+float32 and matmuls run in bfloat16 (``dtype='bfloat16'``), no dropout in
+the LMs (as current LM recipes), the paper's 0.1 in the encoder-decoder.
+
+MFU follows ``perf.py``: model FLOPs (6 N per token plus attention, causal
+as half) x steps/s over the chip's dense bf16 peak (989 TFLOP/s for
+H100/H200), and also over the bf16 matmul rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+ITEMS = {
+    'gpt2_124m': dict(kind='lm', fields=dict(), batch=16, seq=1024),
+    'gpt2_350m': dict(kind='lm', fields=dict(d_model=1024, num_heads=16,
+                                             num_decoder_layers=24,
+                                             d_ff=4096), batch=8, seq=1024),
+    'transformer_base': dict(kind='encdec', fields=dict(), batch=96,
+                             seq=256),
+}
+
+
+def measure(name: str, steps: int, seconds: float) -> dict:
+  """One item, in this process: compile, warm up, time up to ``steps``
+  steps or ``seconds``, whichever comes first."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer import perf, steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from jax_transformer.bench.step import make_batch  # pylint: disable=g-import-not-at-top
+  from jax_transformer.config import gpt2_small, transformer_base  # pylint: disable=g-import-not-at-top
+  from jax_transformer.models import DecoderLM, EncoderDecoder  # pylint: disable=g-import-not-at-top
+  from jax_transformer.params import split  # pylint: disable=g-import-not-at-top
+
+  item = ITEMS[name]
+  if item['kind'] == 'lm':
+    config = gpt2_small(dtype='bfloat16', dropout_rate=0.0,
+                        attention_dropout_rate=0.0, **item['fields'])
+    cls, src_len = DecoderLM, 0
+  else:
+    config = transformer_base(dtype='bfloat16', **item['fields'])
+    cls, src_len = EncoderDecoder, item['seq']
+  case = dict(config=config, batch=item['batch'], src_len=src_len,
+              tgt_len=item['seq'])
+  model_def, params = split(cls(config, nnx.Rngs(0)))
+  tx = optax.adamw(1e-4)
+  state = {'params': params, 'opt_state': tx.init(params),
+           'step': jnp.zeros((), jnp.int32),
+           'rng': jax.random.key_data(jax.random.key(0))}
+  batch = jax.device_put(make_batch(case))
+  start = time.perf_counter()
+  train = jax.jit(steps_lib.make_train_step(model_def, tx),
+                  donate_argnums=0).lower(state, batch).compile()
+  compile_s = time.perf_counter() - start
+  for _ in range(2):
+    state, metrics = train(state, batch)
+  jax.block_until_ready(metrics)
+  start, done = time.perf_counter(), 0
+  while done < steps and time.perf_counter() - start < seconds:
+    state, metrics = train(state, batch)
+    done += 1
+  jax.block_until_ready(metrics)
+  step_s = (time.perf_counter() - start) / done
+  flops = perf.step_flops(config, item['batch'], src_len, item['seq'])
+  device = jax.devices()[0]
+  matmul = perf.matmul_rate()
+  peak = perf.peak_flops(device.device_kind)
+  tokens = item['batch'] * (item['seq'] + src_len)
+  stats = device.memory_stats() or {}
+  row = dict(suite='gpu', model=name, device=device.device_kind,
+             batch=item['batch'], seq=item['seq'], src_len=src_len,
+             params_m=sum(v.size for v in params.values()) / 1e6,
+             compile_s=compile_s, timed_steps=done, step_s=step_s,
+             tokens_per_s=tokens / step_s,
+             model_tflops_per_s=flops['train'] / step_s / 1e12,
+             matmul_tflops_per_s=matmul / 1e12,
+             mfu_vs_matmul=flops['train'] / step_s / matmul,
+             peak_memory_gb=stats.get('peak_bytes_in_use', 0) / 1e9)
+  if peak:
+    row['mfu'] = flops['train'] / step_s / peak
+    row['peak_tflops'] = peak / 1e12
+  return row
+
+
+def run(items=tuple(ITEMS), steps: int = 20, seconds_per_item: float = 80,
+        cache_dir: str | None = None) -> list[dict]:
+  """Each item in a subprocess with a time limit; a failed or timed-out item
+  gives a row saying so."""
+  env = dict(os.environ)
+  env['JAX_COMPILATION_CACHE_DIR'] = cache_dir or os.path.expanduser(
+      '~/.cache/jax_transformer/compile')
+  env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  rows = []
+  for name in items:
+    code = ('import json, sys; from jax_transformer.bench import gpu; '
+            f'print(json.dumps(gpu.measure({name!r}, {steps}, '
+            f'{seconds_per_item / 3})))')
+    try:
+      out = subprocess.run([sys.executable, '-c', code], env=env,
+                           capture_output=True, text=True,
+                           timeout=seconds_per_item)
+      if out.returncode:
+        rows.append(dict(suite='gpu', model=name,
+                         error=out.stderr.strip().splitlines()[-1:]))
+      else:
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    except subprocess.TimeoutExpired:
+      rows.append(dict(suite='gpu', model=name,
+                       error=f'timed out after {seconds_per_item} s'))
+  return rows

@@ -1,0 +1,185 @@
+"""The default job against nanoGPT, each as a user would run it.
+
+Both train the same bytes (the default job's Shakespeare split and byte
+tokenizer, written as nanoGPT's ``train.bin``/``val.bin``) with the same
+size (4 layers, d_model 128, 4 heads, d_ff 512, context 128), batch (32),
+schedule (AdamW 2e-3, b2 0.98, weight decay 0.1, clip 1, 50 warmup steps,
+cosine to 2e-4 at step 600), dropout 0.1 and number of steps, on the same
+cores, one after the other, each as a subprocess (nanoGPT on float32 CPU,
+without torch.compile). nanoGPT's own code comes from a clone given by
+``--nanogpt_dir``; it is run, not imported.
+
+Validation loss is scored the same way for both: nats per byte over every
+window of the validation stream (windows start every 128 bytes and predict
+128). The report gives wall time at equal steps, validation loss at equal
+steps, and at equal wall time (each side's loss at the other's end time,
+from its evaluations every ``eval_every`` steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+STEPS = 600
+EVAL_EVERY = 100
+HPARAMS = dict(n_layer=4, n_head=4, n_embd=128, block_size=128,
+               batch_size=32, dropout=0.1, bias=False, learning_rate=2e-3,
+               min_lr=2e-4, beta1=0.9, beta2=0.98, weight_decay=0.1,
+               grad_clip=1.0, warmup_iters=50, gradient_accumulation_steps=1)
+
+_SCORE = r'''
+import json, sys, numpy as np, torch
+from model import GPT, GPTConfig
+ckpt = torch.load(sys.argv[1], map_location='cpu')
+model = GPT(GPTConfig(**ckpt['model_args']))
+model.load_state_dict({k.removeprefix('_orig_mod.'): v
+                       for k, v in ckpt['model'].items()})
+model.eval()
+val = np.fromfile(sys.argv[2], dtype=np.uint16).astype(np.int64)
+t = int(sys.argv[3]); n = (len(val) - 1) // t
+total = 0.0
+with torch.no_grad():
+  for s in range(0, n, 64):
+    idx = range(s, min(s + 64, n))
+    x = torch.tensor(np.stack([val[i * t:i * t + t] for i in idx]))
+    y = torch.tensor(np.stack([val[i * t + 1:i * t + t + 1] for i in idx]))
+    _, loss = model(x, y)
+    total += float(loss) * len(idx) * t
+print(json.dumps({'step': ckpt['iter_num'], 'val_loss': total / (n * t)}))
+'''
+
+
+def write_bytes(workdir: str) -> int:
+  """The default job's train/validation token streams as nanoGPT data;
+  returns the vocabulary size (the model's, padded as ours is)."""
+  sys.path.insert(0, os.getcwd())
+  from configs import lm_shakespeare  # pylint: disable=g-import-not-at-top
+  from jax_transformer import data, experiment  # pylint: disable=g-import-not-at-top
+  from jax_transformer.data.pipeline import stream_tokens  # pylint: disable=g-import-not-at-top
+  cfg = lm_shakespeare.get_config()
+  prepared = data.prepare(cfg.data.name)
+  spec = data.get_spec(cfg.data.name)
+  os.makedirs(workdir, exist_ok=True)
+  for split, name in (('train', 'train'), ('validation', 'val')):
+    tokens = stream_tokens(data.load_source(cfg.data.name, split), spec,
+                           prepared.tokenizer)
+    tokens.astype(np.uint16).tofile(os.path.join(workdir, f'{name}.bin'))
+  vocab = experiment.model_config(cfg, prepared.tokenizer.vocab_size
+                                  ).vocab_size
+  with open(os.path.join(workdir, 'meta.pkl'), 'wb') as f:
+    pickle.dump({'vocab_size': vocab}, f)
+  return vocab
+
+
+def run_nanogpt(nanogpt_dir: str, work: str, steps: int) -> dict:
+  """Trains nanoGPT (checkpointing at every evaluation, each kept) and
+  scores each checkpoint on every validation window."""
+  repo = os.path.join(work, 'nanogpt')
+  shutil.copytree(nanogpt_dir, repo, ignore=shutil.ignore_patterns('.git'))
+  write_bytes(os.path.join(repo, 'data', 'bytes'))
+  args = [f'--{k}={v}' for k, v in HPARAMS.items()] + [
+      '--dataset=bytes', '--device=cpu', '--compile=False',
+      '--dtype=float32', f'--max_iters={steps}', f'--lr_decay_iters={steps}',
+      f'--eval_interval={EVAL_EVERY}', '--eval_iters=20', '--log_interval=1',
+      '--always_save_checkpoint=True', '--out_dir=out']
+  start = time.perf_counter()
+  proc = subprocess.Popen([sys.executable, '-u', 'train.py', *args], cwd=repo,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  evals, saved = [], []
+  for line in proc.stdout:
+    if line.startswith('saving checkpoint'):
+      # Keep each evaluation's weights, with the time they were reached.
+      elapsed = time.perf_counter() - start
+      path = os.path.join(repo, 'out', f'ckpt_{len(saved)}.pt')
+      saved.append((path, elapsed))
+    match = re.match(r'step (\d+): train loss ([\d.]+), val loss ([\d.]+)',
+                     line)
+    if match:
+      evals.append({'step': int(match[1]),
+                    'elapsed_s': time.perf_counter() - start})
+    if line.startswith('iter ') and saved and not os.path.exists(
+        saved[-1][0]):
+      shutil.copy(os.path.join(repo, 'out', 'ckpt.pt'), saved[-1][0])
+  proc.wait()
+  wall = time.perf_counter() - start
+  if proc.returncode:
+    raise RuntimeError(f'nanoGPT exited with {proc.returncode}.')
+  if saved and not os.path.exists(saved[-1][0]):
+    shutil.copy(os.path.join(repo, 'out', 'ckpt.pt'), saved[-1][0])
+  with open(os.path.join(repo, 'score.py'), 'w') as f:
+    f.write(_SCORE)
+  curve = []
+  for path, elapsed in saved:
+    out = subprocess.run(
+        [sys.executable, 'score.py', path, 'data/bytes/val.bin',
+         str(HPARAMS['block_size'])], cwd=repo, check=True,
+        capture_output=True, text=True).stdout
+    curve.append(dict(json.loads(out.strip().splitlines()[-1]),
+                      elapsed_s=elapsed))
+  return {'wall_s': wall, 'curve': curve}
+
+
+def run_ours(work: str, steps: int) -> dict:
+  """``python train.py`` (the default job) evaluating every EVAL_EVERY
+  steps, without the closing sample; the time of each evaluation is when
+  its line is printed."""
+  workdir = os.path.join(work, 'ours')
+  start = time.perf_counter()
+  proc = subprocess.Popen(
+      [sys.executable, '-u', 'train.py', f'--workdir={workdir}',
+       f'--config.num_steps={steps}', f'--config.eval_every={EVAL_EVERY}',
+       f'--config.log_every={EVAL_EVERY // 2}',
+       '--config.sample.enabled=False'],
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  curve = []
+  for line in proc.stdout:
+    match = re.search(r'step (\d+): train loss [\d.]+, eval loss ([\d.]+)',
+                      line)
+    if match:
+      curve.append({'step': int(match[1]), 'val_loss': float(match[2]),
+                    'elapsed_s': time.perf_counter() - start})
+  proc.wait()
+  if proc.returncode:
+    raise RuntimeError(f'train.py exited with {proc.returncode}.')
+  return {'wall_s': time.perf_counter() - start, 'curve': curve}
+
+
+def loss_at(curve: list[dict], seconds: float) -> float | None:
+  """The last evaluated loss reached within ``seconds`` (None: none was)."""
+  reached = [p['val_loss'] for p in curve if p['elapsed_s'] <= seconds]
+  return reached[-1] if reached else None
+
+
+def run(nanogpt_dir: str, steps: int = STEPS) -> list[dict]:
+  if not os.path.exists(os.path.join(nanogpt_dir, 'model.py')):
+    raise ValueError(f'{nanogpt_dir} is not a nanoGPT clone (no model.py); '
+                     'git clone https://github.com/karpathy/nanoGPT and '
+                     'pass --nanogpt_dir.')
+  with tempfile.TemporaryDirectory() as work:
+    nano = run_nanogpt(nanogpt_dir, work, steps)
+    ours = run_ours(work, steps)
+  row = {
+      'suite': 'nanogpt', 'steps': steps,
+      'ours_wall_s': ours['wall_s'], 'nanogpt_wall_s': nano['wall_s'],
+      'wall_ratio': ours['wall_s'] / nano['wall_s'],
+      'ours_val_loss': ours['curve'][-1]['val_loss'],
+      'nanogpt_val_loss': nano['curve'][-1]['val_loss'],
+      # Each side's loss when the other finished.
+      'ours_val_loss_at_nanogpt_end': loss_at(ours['curve'],
+                                              nano['wall_s']),
+      'nanogpt_val_loss_at_ours_end': loss_at(nano['curve'],
+                                              ours['wall_s']),
+      'ours_curve': ours['curve'], 'nanogpt_curve': nano['curve'],
+  }
+  return [row]

@@ -1,0 +1,76 @@
+"""The input pipeline's sustained rate on a WMT-sized split, against demand.
+
+A stand-in for WMT14 en-de (4.5 million sentence pairs, read lazily by
+index, as a split over ``cache_limit`` examples is) feeds the trainer's own
+pipeline (``data.make_iterator``: tokenize, filter, pack, batch) with the
+base config's batch shape (128 packed rows of 256 tokens). The rate is
+timed after a warm-up, and set against what one accelerator consumes: the
+base model's target tokens per second at a given MFU of the chip's peak.
+
+The stand-in's records are generated, not decoded from disk, so the rate is
+an upper bound for a real split (decoding a TFDS record costs ~0.2 ms).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from jax_transformer import perf
+from jax_transformer.config import transformer_base
+
+_WORDS = ('the', 'house', 'of', 'commons', 'agreed', 'on', 'a', 'new',
+          'budget', 'for', 'european', 'research', 'and', 'the', 'council',
+          'said', 'that', 'this', 'year', 'was', 'difficult', 'for', 'all')
+
+
+class MockTranslationSplit:
+  """``n`` (en, de) pairs of 8-40 words, generated from the index."""
+
+  def __init__(self, n: int = 4_500_000):
+    self.n = n
+
+  def __len__(self) -> int:
+    return self.n
+
+  def __getitem__(self, i: int) -> dict[str, str]:
+    rs = np.random.default_rng(i)
+    words = rs.choice(len(_WORDS), rs.integers(8, 40))
+    en = ' '.join(_WORDS[w] for w in words) + '.'
+    return {'en': en, 'de': en[::-1]}
+
+
+def demand_tokens_per_s(mfu: float = 0.4, peak: float = 989e12,
+                        batch: int = 96, seq: int = 256) -> float:
+  """Target tokens per second the base model trains at ``mfu`` of ``peak``
+  (source and target rows of ``seq`` tokens)."""
+  flops = perf.step_flops(transformer_base(), batch, seq, seq)['train']
+  return mfu * peak / flops * batch * seq
+
+
+def run(seconds: float = 20.0, batch: int = 128, seq: int = 256,
+        num_threads: int = 4) -> list[dict]:
+  from jax_transformer import data  # pylint: disable=g-import-not-at-top
+  cfg = {'name': 'wmt14_translate/de-en', 'direction': 'en-de',
+         'pack': True}
+  source = MockTranslationSplit()
+  it = data.make_iterator(cfg, 'train', data.ByteTokenizer(),
+                          batch_size=batch, seq_len=seq, seed=0,
+                          num_threads=num_threads, source=source)
+  next(it)  # warm-up: threads started, first chunks read
+  start, batches, tokens = time.perf_counter(), 0, 0
+  while time.perf_counter() - start < seconds:
+    b = next(it)
+    batches += 1
+    tokens += int((b['tgt_segment_ids'] > 0).sum())
+  elapsed = time.perf_counter() - start
+  supply = tokens / elapsed
+  demand = demand_tokens_per_s()
+  return [dict(suite='pipeline', split_examples=len(source), batch=batch,
+               seq=seq, num_threads=num_threads,
+               batches_per_s=batches / elapsed,
+               target_tokens_per_s=supply,
+               demand_target_tokens_per_s=demand,
+               demand_assumes='base model, 40% MFU of 989 TFLOP/s',
+               supply_over_demand=supply / demand)]

@@ -1,0 +1,128 @@
+"""Training speed, measured side by side: JSON lines out, a table on the console.
+
+    python scripts/benchmark.py                       # --suite cpu (minutes)
+    python scripts/benchmark.py --suite nanogpt --nanogpt_dir ~/nanoGPT
+    python scripts/benchmark.py --suite gpu           # on a GPU or TPU
+    python scripts/benchmark.py --suite pipeline
+
+Suites (see ``jax_transformer/bench/``):
+
+* ``cpu``: our jitted train step and eval forward against PyTorch's
+  reference module on the same weights and shapes (the paper's base model,
+  batch 8 x 64 + 64 tokens; the default LM's size against Hugging Face
+  GPT-2), interleaved rounds, median times and the median of per-round
+  ratios (below 1: we are faster), compile time, the fraction of the
+  machine's float32 matmul rate each side reaches, the load average;
+* ``nanogpt``: the default job against nanoGPT (a clone, run as a
+  subprocess) on the same bytes, size, batch, schedule and steps: wall
+  time, and validation loss at equal steps and at equal wall time;
+* ``gpu``: bf16 throughput, MFU and peak memory of a 124M and a 350M
+  decoder LM and the base encoder-decoder, each item time-boxed;
+* ``pipeline``: the input pipeline's sustained rate on a WMT-sized split
+  against what the base model consumes on one accelerator.
+
+Every row goes to stdout as one JSON object (and to ``--output``); the
+table goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+
+SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--suite', default='cpu', choices=SUITES)
+  p.add_argument('--rounds', type=int, default=7,
+                 help='cpu: interleaved rounds per comparison')
+  p.add_argument('--models', default='transformer_base,default_lm',
+                 help='cpu: comma-separated, of transformer_base,default_lm')
+  p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
+                 'https://github.com/karpathy/nanoGPT')
+  p.add_argument('--steps', type=int, default=600,
+                 help='nanogpt: training steps of each side')
+  p.add_argument('--gpu_items', default='gpt2_124m,gpt2_350m,'
+                 'transformer_base', help='gpu: comma-separated items')
+  p.add_argument('--seconds_per_item', type=float, default=80,
+                 help='gpu: time limit of each item, compile included')
+  p.add_argument('--output', help='also append the JSON lines here')
+  args = p.parse_args(argv)
+  if args.suite == 'nanogpt' and not args.nanogpt_dir:
+    p.error('--suite nanogpt needs --nanogpt_dir (a clone of '
+            'https://github.com/karpathy/nanoGPT).')
+  if args.rounds < 1 or args.steps < 1:
+    p.error('--rounds and --steps must be positive.')
+  return args
+
+
+def run_suite(args: argparse.Namespace) -> list[dict]:
+  if args.suite == 'cpu':
+    from jax_transformer.bench import step  # pylint: disable=g-import-not-at-top
+    return step.run(args.rounds, tuple(args.models.split(',')))
+  if args.suite == 'nanogpt':
+    from jax_transformer.bench import nanogpt  # pylint: disable=g-import-not-at-top
+    return nanogpt.run(args.nanogpt_dir, args.steps)
+  if args.suite == 'gpu':
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.default_backend() == 'cpu':
+      raise SystemExit('--suite gpu needs a GPU or TPU; this machine has '
+                       'only CPUs.')
+    from jax_transformer.bench import gpu  # pylint: disable=g-import-not-at-top
+    return gpu.run(tuple(args.gpu_items.split(',')),
+                   seconds_per_item=args.seconds_per_item)
+  from jax_transformer.bench import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.run()
+
+
+TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
+              'jax_floor_fraction', 'torch_floor_fraction', 'ours_wall_s',
+              'nanogpt_wall_s', 'wall_ratio', 'ours_val_loss',
+              'nanogpt_val_loss', 'ours_val_loss_at_nanogpt_end',
+              'step_s', 'tokens_per_s', 'mfu', 'mfu_vs_matmul',
+              'peak_memory_gb', 'target_tokens_per_s',
+              'demand_target_tokens_per_s', 'supply_over_demand', 'error')
+
+
+def table(rows: list[dict]) -> str:
+  """The rows' headline fields, one line each."""
+  def fmt(v):
+    return f'{v:.3g}' if isinstance(v, float) else str(v)
+  lines = []
+  for row in rows:
+    lines.append('  '.join(f'{k}={fmt(row[k])}' for k in TABLE_KEYS
+                           if row.get(k) is not None))
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
+  host_memory.retain_freed_memory()  # as train.py does
+  try:
+    rows = run_suite(args)
+  except ValueError as e:  # bad input: one sentence, no traceback
+    print(f'benchmark.py: {e}', file=sys.stderr)
+    return 2
+  for row in rows:
+    line = json.dumps(row)
+    print(line, flush=True)
+    if args.output:
+      with open(args.output, 'a') as f:
+        f.write(line + '\n')
+  print(table(rows), file=sys.stderr)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

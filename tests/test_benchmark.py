@@ -1,0 +1,73 @@
+"""scripts/benchmark.py and its suites, on shapes small enough for a test."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jax_transformer.bench import nanogpt, pipeline, step
+from jax_transformer.config import gpt2_small, transformer_base
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_cases():
+  encdec = dict(name='tiny_encdec', batch=2, src_len=8, tgt_len=8,
+                config=transformer_base(vocab_size=40, d_model=16,
+                                        num_heads=2, num_encoder_layers=1,
+                                        num_decoder_layers=1, d_ff=32))
+  lm = dict(name='tiny_lm', batch=2, src_len=0, tgt_len=8,
+            config=gpt2_small(vocab_size=40, d_model=16, num_heads=2,
+                              num_decoder_layers=1, d_ff=32, max_len=16,
+                              activation='gelu'))
+  return [encdec, lm]
+
+
+@pytest.mark.parametrize('case', tiny_cases(), ids=lambda c: c['name'])
+def test_cpu_suite_rows_compare_the_same_loss(case):
+  rows = step.run_case(case, rounds=2)
+  assert [r['step'] for r in rows] == ['train', 'forward']
+  for row in rows:
+    assert row['loss_rel_diff'] < 1e-5
+    assert row['rounds'] == 2 and row['jax_s'] > 0 and row['torch_s'] > 0
+    assert row['ratio_min'] <= row['ratio'] <= row['ratio_max']
+    assert row['gflop'] > 0 and row['compile_s'] > 0
+
+
+def test_cpu_suite_refuses_to_time_different_computations(monkeypatch):
+  case = tiny_cases()[1]
+  monkeypatch.setattr(step, 'torch_eval_step', lambda ref, batch: 123.0)
+  with pytest.raises(AssertionError, match='losses differ'):
+    step.run_case(case, rounds=1)
+
+
+def test_loss_at_equal_wall_time_takes_the_last_evaluation_reached():
+  curve = [{'val_loss': 3.0, 'elapsed_s': 10.0},
+           {'val_loss': 2.0, 'elapsed_s': 20.0}]
+  assert nanogpt.loss_at(curve, 5.0) is None
+  assert nanogpt.loss_at(curve, 15.0) == 3.0
+  assert nanogpt.loss_at(curve, 25.0) == 2.0
+
+
+def test_pipeline_suite_reports_supply_and_demand():
+  (row,) = pipeline.run(seconds=0.5, batch=4, seq=64, num_threads=1)
+  assert row['split_examples'] == 4_500_000
+  assert row['batches_per_s'] > 0
+  assert row['supply_over_demand'] == pytest.approx(
+      row['target_tokens_per_s'] / row['demand_target_tokens_per_s'])
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--suite', 'gpu'], 'needs a GPU or TPU'),
+    (['--suite', 'nanogpt'], 'needs --nanogpt_dir'),
+    (['--suite', 'nanogpt', '--nanogpt_dir', '/nonexistent'],
+     'is not a nanoGPT clone'),
+])
+def test_cli_refuses_what_it_cannot_run_in_one_sentence(args, message):
+  out = subprocess.run([sys.executable, 'scripts/benchmark.py', *args],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode != 0
+  assert message in out.stderr
+  assert 'Traceback' not in out.stderr
