@@ -21,6 +21,10 @@ flags.DEFINE_string('coordinator_address', None,
                     'automatic cluster detection.')
 flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
+flags.DEFINE_string('compilation_cache_dir',
+                    os.path.join('~', '.cache', 'jax_transformer', 'xla'),
+                    'Persistent XLA compilation cache: a second start with '
+                    'the same shapes skips compiling ("" turns it off).')
 flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
                   'reuse (glibc), so CPU steps do not page-fault their '
                   'temporaries in every step (see jax_transformer/'
@@ -38,7 +42,11 @@ def main(argv):
     # Orbax logs every file it writes at INFO.
     logging.set_verbosity(logging.WARNING)
   # Imported after flag parsing so --help stays fast.
+  import jax  # pylint: disable=g-import-not-at-top
   from jax_transformer import distributed, trainer  # pylint: disable=g-import-not-at-top
+  if FLAGS.compilation_cache_dir:
+    jax.config.update('jax_compilation_cache_dir',
+                      os.path.expanduser(FLAGS.compilation_cache_dir))
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                          FLAGS.process_id)
   cfg = FLAGS.config

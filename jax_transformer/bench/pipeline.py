@@ -59,18 +59,19 @@ def run(seconds: float = 20.0, batch: int = 128, seq: int = 256,
                           batch_size=batch, seq_len=seq, seed=0,
                           num_threads=num_threads, source=source)
   next(it)  # warm-up: threads started, first chunks read
-  start, batches, tokens = time.perf_counter(), 0, 0
+  start, batches, tokens, pairs = time.perf_counter(), 0, 0, 0
   while time.perf_counter() - start < seconds:
     b = next(it)
     batches += 1
     tokens += int((b['tgt_segment_ids'] > 0).sum())
+    pairs += int(b['tgt_segment_ids'].max(axis=1).sum())  # segments 1..k
   elapsed = time.perf_counter() - start
   supply = tokens / elapsed
   demand = demand_tokens_per_s()
   return [dict(suite='pipeline', split_examples=len(source), batch=batch,
                seq=seq, num_threads=num_threads,
                batches_per_s=batches / elapsed,
-               target_tokens_per_s=supply,
+               target_tokens_per_s=supply, pairs_per_s=pairs / elapsed,
                demand_target_tokens_per_s=demand,
                demand_assumes='base model, 40% MFU of 989 TFLOP/s',
                supply_over_demand=supply / demand)]
