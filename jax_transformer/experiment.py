@@ -47,6 +47,16 @@ def model_config(cfg: ml_collections.ConfigDict,
   return ModelConfig(**fields)
 
 
+def train_state(params: Params, tx: optax.GradientTransformation,
+                seed: int = 0, step: int = 0) -> dict[str, Any]:
+  """The train state (see ``steps.py``) holding ``params`` at ``step``, a
+  fresh optimizer state and the run's base dropout key for ``seed``."""
+  _, rng = jax.random.split(jax.random.key(seed))
+  return {'params': params, 'opt_state': tx.init(params),
+          'step': jax.numpy.asarray(step, jax.numpy.int32),
+          'rng': jax.random.key_data(rng)}
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
   """Everything static about one training run."""
@@ -70,10 +80,7 @@ class Setup:
                 step: int = 0) -> dict[str, Any]:
     """The train state of a run with ``seed`` holding ``params`` at ``step``
     with a fresh optimizer state (imported parameters start here)."""
-    _, rng = jax.random.split(jax.random.key(seed))
-    return {'params': params, 'opt_state': self.tx.init(params),
-            'step': jax.numpy.asarray(step, jax.numpy.int32),
-            'rng': jax.random.key_data(rng)}
+    return train_state(params, self.tx, seed, step)
 
   def abstract_state(self, seed: int = 0) -> dict[str, Any]:
     return jax.eval_shape(lambda: self.init_state(seed))

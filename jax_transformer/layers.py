@@ -37,24 +37,6 @@ def _mix32(x: Array) -> Array:
   return x ^ (x >> 16)
 
 
-def _hash_bits(seeds: tuple[Array, Array], shape: tuple[int, ...]) -> Array:
-  """uint32 bits of ``shape``: each element hashes its flat index with two
-  uint32 seed words."""
-  count = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-  return _mix32(_mix32(count ^ seeds[0]) + seeds[1])
-
-
-def hash_bits(key: Array, shape: tuple[int, ...]) -> Array:
-  """uint32 bits of ``shape`` from a counter hash seeded by ``key``.
-
-  Unlike threefry over the whole shape, this is a few integer ops that fuse
-  into the consumer: no [shape] buffer of bits, and a fraction of the
-  compile time. Good enough for dropout masks, not for cryptography.
-  """
-  seeds = jax.random.bits(key, (2,), jnp.uint32)
-  return _hash_bits((_mix32(seeds[0]), seeds[1]), shape)
-
-
 def _next_seeds(rngs: nnx.Rngs) -> tuple[Array, Array]:
   """Seed words for the next dropout call of the ``dropout`` stream: its key
   mixed with its call counter, which advances as ``rngs.dropout()`` would.
@@ -67,6 +49,20 @@ def _next_seeds(rngs: nnx.Rngs) -> tuple[Array, Array]:
   c = _mix32(count.astype(jnp.uint32) + jnp.uint32(0x9E3779B9))
   first = _mix32(words[0] ^ c)
   return first, _mix32(words[-1] ^ _mix32(c + first))
+
+
+def hash_bits(rngs: nnx.Rngs, shape: tuple[int, ...]) -> Array:
+  """uint32 bits of ``shape`` from a counter hash, the next draw of the
+  ``dropout`` stream of ``rngs``.
+
+  Each element hashes its flat index with two seed words. Unlike threefry
+  over the whole shape, this is a few integer ops that fuse into the
+  consumer: no [shape] buffer of bits, and a fraction of the compile time.
+  Good enough for dropout masks, not for cryptography.
+  """
+  first, second = _next_seeds(rngs)
+  count = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  return _mix32(_mix32(count ^ first) + second)
 
 
 def dropout(x: Array, rate: float, rngs: nnx.Rngs | None,
@@ -83,7 +79,7 @@ def dropout(x: Array, rate: float, rngs: nnx.Rngs | None,
   if rng == 'hash':
     # keep with probability round((1 - rate) * 2^32) / 2^32.
     threshold = min(round((1.0 - rate) * 2.0 ** 32), 2 ** 32 - 1)
-    keep = _hash_bits(_next_seeds(rngs), x.shape) < jnp.uint32(threshold)
+    keep = hash_bits(rngs, x.shape) < jnp.uint32(threshold)
   else:
     keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))

@@ -76,6 +76,14 @@ def step_flops(c: ModelConfig, batch: int, src_len: int,
   return {'forward': fwd, 'train': 3.0 * fwd}
 
 
+def compile_timed(jitted, *args):
+  """(``jitted`` lowered and compiled for ``args``, seconds it took): compile
+  time reported apart from step time."""
+  start = time.perf_counter()
+  compiled = jitted.lower(*args).compile()
+  return compiled, time.perf_counter() - start
+
+
 def matmul_rate(n: int | None = None, dtype=None, repeats: int = 5) -> float:
   """The FLOP/s of an n x n matmul on the default device, best of repeats:
   the practical ceiling a model step is measured against (float32 2048 on

@@ -243,7 +243,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
       if compiled is None:
-        compiled, rates.compile_s = _compile(train_step, state, batch)
+        compiled, rates.compile_s = perf.compile_timed(train_step, state,
+                                                       batch)
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
         tick = time.perf_counter()
       state, metrics = compiled(state, batch)
@@ -293,13 +294,6 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
     log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
   return last
-
-
-def _compile(train_step, state, batch):
-  """(the compiled step, seconds spent compiling it)."""
-  start = time.perf_counter()
-  compiled = train_step.lower(state, batch).compile()
-  return compiled, time.perf_counter() - start
 
 
 class Throughput:

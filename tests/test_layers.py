@@ -150,9 +150,9 @@ def test_threefry_dropout_is_the_old_bernoulli_path():
 
 
 def test_hash_bits_are_deterministic_uniform_and_independent_per_key():
-  a = np.asarray(layers.hash_bits(jax.random.key(0), (512, 512)), np.float64)
-  again = np.asarray(layers.hash_bits(jax.random.key(0), (512, 512)))
-  b = np.asarray(layers.hash_bits(jax.random.key(1), (512, 512)), np.float64)
+  bits = lambda seed, shape: np.asarray(  # noqa: E731
+      layers.hash_bits(nnx.Rngs(dropout=seed), shape), np.float64)
+  a, again, b = bits(0, (512, 512)), bits(0, (512, 512)), bits(1, (512, 512))
   np.testing.assert_array_equal(a, again)
   u, v = a / 2 ** 32, b / 2 ** 32
   assert abs(u.mean() - 0.5) < 3e-3 and abs(u.var() - 1 / 12) < 2e-3
@@ -161,7 +161,7 @@ def test_hash_bits_are_deterministic_uniform_and_independent_per_key():
   for x, y in ((u[:, :-1], u[:, 1:]), (u[:-1], u[1:]), (u, v)):
     assert abs(np.corrcoef(x.ravel(), y.ravel())[0, 1]) < 0.008
   # Bits are balanced: each of the 32 is set about half the time.
-  ints = np.asarray(layers.hash_bits(jax.random.key(2), (256, 256)))
+  ints = np.asarray(layers.hash_bits(nnx.Rngs(dropout=2), (256, 256)))
   ones = [((ints >> i) & 1).mean() for i in range(32)]
   assert max(abs(o - 0.5) for o in ones) < 0.01
 

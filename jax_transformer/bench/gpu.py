@@ -35,11 +35,10 @@ def measure(name: str, steps: int, seconds: float) -> dict:
   """One item, in this process: compile, warm up, time up to ``steps``
   steps or ``seconds``, whichever comes first."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from jax_transformer import perf, steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from jax_transformer import experiment, perf, steps as steps_lib  # pylint: disable=g-import-not-at-top
   from jax_transformer.bench.step import make_batch  # pylint: disable=g-import-not-at-top
   from jax_transformer.config import gpt2_small, transformer_base  # pylint: disable=g-import-not-at-top
   from jax_transformer.models import DecoderLM, EncoderDecoder  # pylint: disable=g-import-not-at-top
@@ -57,14 +56,11 @@ def measure(name: str, steps: int, seconds: float) -> dict:
               tgt_len=item['seq'])
   model_def, params = split(cls(config, nnx.Rngs(0)))
   tx = optax.adamw(1e-4)
-  state = {'params': params, 'opt_state': tx.init(params),
-           'step': jnp.zeros((), jnp.int32),
-           'rng': jax.random.key_data(jax.random.key(0))}
+  state = experiment.train_state(params, tx)
   batch = jax.device_put(make_batch(case))
-  start = time.perf_counter()
-  train = jax.jit(steps_lib.make_train_step(model_def, tx),
-                  donate_argnums=0).lower(state, batch).compile()
-  compile_s = time.perf_counter() - start
+  train, compile_s = perf.compile_timed(
+      jax.jit(steps_lib.make_train_step(model_def, tx), donate_argnums=0),
+      state, batch)
   for _ in range(2):
     state, metrics = train(state, batch)
   jax.block_until_ready(metrics)
@@ -100,8 +96,9 @@ def run(items=tuple(ITEMS), steps: int = 20, seconds_per_item: float = 80,
   """Each item in a subprocess with a time limit; a failed or timed-out item
   gives a row saying so."""
   env = dict(os.environ)
+  # The directory train.py caches in by default.
   env['JAX_COMPILATION_CACHE_DIR'] = cache_dir or os.path.expanduser(
-      '~/.cache/jax_transformer/compile')
+      os.path.join('~', '.cache', 'jax_transformer', 'xla'))
   env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   rows = []
   for name in items:

@@ -96,18 +96,13 @@ def run_nanogpt(nanogpt_dir: str, work: str, steps: int) -> dict:
   proc = subprocess.Popen([sys.executable, '-u', 'train.py', *args], cwd=repo,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
-  evals, saved = [], []
+  saved = []
   for line in proc.stdout:
     if line.startswith('saving checkpoint'):
       # Keep each evaluation's weights, with the time they were reached.
       elapsed = time.perf_counter() - start
       path = os.path.join(repo, 'out', f'ckpt_{len(saved)}.pt')
       saved.append((path, elapsed))
-    match = re.match(r'step (\d+): train loss ([\d.]+), val loss ([\d.]+)',
-                     line)
-    if match:
-      evals.append({'step': int(match[1]),
-                    'elapsed_s': time.perf_counter() - start})
     if line.startswith('iter ') and saved and not os.path.exists(
         saved[-1][0]):
       shutil.copy(os.path.join(repo, 'out', 'ckpt.pt'), saved[-1][0])

@@ -22,18 +22,16 @@ each side gets to the floor.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
-from jax_transformer import perf, steps, torch_compat
+from jax_transformer import experiment, perf, steps, torch_compat
 from jax_transformer.bench import timing
-from jax_transformer.config import ModelConfig, gpt2_small, transformer_base
+from jax_transformer.config import gpt2_small, transformer_base
 from jax_transformer.models import DecoderLM, EncoderDecoder
 from jax_transformer.params import split
 
@@ -92,20 +90,14 @@ def jax_side(case: dict[str, Any], with_train: bool = True):
   model = cls(config, nnx.Rngs(0))
   model_def, params = split(model)
   tx = optimizer(case)
-  state = {'params': params, 'opt_state': tx.init(params),
-           'step': jnp.zeros((), jnp.int32),
-           'rng': jax.random.key_data(jax.random.key(0))}
+  state = experiment.train_state(params, tx)
   batch = jax.device_put(make_batch(case))
   train = jax.jit(steps.make_train_step(model_def, tx), donate_argnums=0)
   evaluate = jax.jit(steps.make_eval_step(model_def))
   train_compile = None
   if with_train:
-    start = time.perf_counter()
-    train = train.lower(state, batch).compile()
-    train_compile = time.perf_counter() - start
-  start = time.perf_counter()
-  evaluate = evaluate.lower(params, batch).compile()
-  eval_compile = time.perf_counter() - start
+    train, train_compile = perf.compile_timed(train, state, batch)
+  evaluate, eval_compile = perf.compile_timed(evaluate, params, batch)
   return model, train, evaluate, state, batch, train_compile, eval_compile
 
 
