@@ -19,7 +19,8 @@ def model_fields(**overrides) -> ConfigDict:
       positional='rotary', max_len=256, rope_base=10000.0,
       tie_embeddings=True, scale_embeddings=False, use_bias=False,
       layer_norm_eps=1e-5, dtype='float32', param_dtype='float32',
-      attention_implementation=optional(str), dropout_rng='hash')
+      attention_implementation=optional(str), dropout_rng='hash',
+      scan_layers=False, remat='none')
   fields.update(overrides)
   return ConfigDict(fields)
 

@@ -12,6 +12,7 @@ Positional = Literal['sinusoidal', 'learned', 'rotary']
 Norm = Literal['layernorm', 'rmsnorm']
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
+REMAT_POLICIES = ('none', 'full', 'dots')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,13 @@ class ModelConfig:
   # per call from the step's key: cheap to run and to compile) or
   # 'threefry' (jax.random.bernoulli, as before). Same keep rate either way.
   dropout_rng: str = 'hash'
+  # Stack each layer kind's parameters on a leading 'layers' axis and run
+  # the stack with lax.scan: compile time stops growing with depth.
+  scan_layers: bool = False
+  # Rematerialisation of each layer in the backward pass: 'none' (keep all
+  # activations), 'full' (keep only each layer's input), 'dots' (keep the
+  # outputs of matmuls without batch dimensions, recompute the rest).
+  remat: str = 'none'
 
   def __post_init__(self):
     for problem in self._problems():
@@ -103,6 +111,10 @@ class ModelConfig:
     if self.dropout_rng not in ('hash', 'threefry'):
       yield ("dropout_rng must be 'hash' or 'threefry', got "
              f'{self.dropout_rng!r}.')
+    if self.remat not in REMAT_POLICIES:
+      yield f'remat must be one of {REMAT_POLICIES}, got {self.remat!r}.'
+    if not isinstance(self.scan_layers, bool):
+      yield f'scan_layers must be True or False, got {self.scan_layers!r}.'
     if self.attention_implementation not in (None, 'xla', 'cudnn'):
       yield ('attention_implementation must be None, "xla" or "cudnn", got '
              f'{self.attention_implementation!r}.')

@@ -102,7 +102,8 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
 # Model fields that change how a step computes, not what the state holds:
 # a run may resume with other values of these.
 RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
-                        'attention_dropout_rate', 'dropout_rng')
+                        'attention_dropout_rate', 'dropout_rng', 'scan_layers',
+                        'remat')
 
 
 def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
