@@ -96,13 +96,13 @@ def default_data_dir() -> str:
 def register_builders() -> None:
   """Imports the builder classes, which registers their names with TFDS.
 
-  Our two builders and the WMT ones are not found by name until their module
-  is imported; lm1b and tiny_shakespeare are found by TFDS itself.
+  Our two builders and TFDS's WMT ones (imported by ``wmt``) are not found
+  by name until their module is imported; lm1b and tiny_shakespeare are
+  found by TFDS itself. ``lm1b`` and ``wmt`` also enter our TF-free
+  subclasses of lm1b and WMT in ``downloads.TF_FREE_BUILDERS``.
   """
   # pylint: disable=g-import-not-at-top,unused-import
-  import tensorflow_datasets.translate.wmt14
-  import tensorflow_datasets.translate.wmt_t2t
-  from jax_transformer.data import ding, shakespeare
+  from jax_transformer.data import ding, lm1b, shakespeare, wmt
   # pylint: enable=g-import-not-at-top,unused-import
 
 
@@ -137,13 +137,16 @@ def build(name: str, data_dir: str | None = None,
   """Builds the TFDS dataset if it is not on disk yet; returns the builder.
 
   builder_kwargs go to the builder (e.g. ``source_dir`` for shakespeare,
-  ``source_path`` for ding_en_de). Standard datasets download their sources.
+  ``source_path`` for ding_en_de). Standard datasets download their sources;
+  lm1b and WMT are built by our subclasses of TFDS's builders, which write
+  the same files without TensorFlow (see ``downloads``).
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from jax_transformer.data import downloads
   register_builders()
   kwargs = {'file_format': 'array_record', **(builder_kwargs or {})}
-  builder = tfds.builder(name, data_dir=data_dir or default_data_dir(),
-                         **kwargs)
+  builder = downloads.builder(name, data_dir=data_dir or default_data_dir(),
+                              **kwargs)
   builder.download_and_prepare()  # a no-op when the files exist
   return builder
 

@@ -1,0 +1,215 @@
+"""TFDS's downloaded datasets (lm1b, WMT), prepared without TensorFlow.
+
+TFDS 4.9 downloads over HTTP with ``requests``, but its extractor writes each
+archive member through ``tf.io.gfile``, so ``download_and_extract`` of any
+tarball fails when TensorFlow is not installed (lm1b also globs its files with
+``tf.io.gfile``). The builders of this package subclass TFDS's ones with
+``TfFreeBuilder`` and hand TFDS's own generation code a ``DownloadManager``
+that extracts with the standard library.
+
+They keep TFDS's name, version, configs, features, splits, example keys and
+download checksums, so they write the dataset TFDS would write, in the same
+folder, and ``tfds.data_source(name)`` reads it. They are not entered in
+TFDS's registry (the name belongs to TFDS's class); ``builder(name)`` picks
+them instead of ``tfds.builder(name)``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import importlib.util
+import os
+import shutil
+import tarfile
+import uuid
+import zipfile
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+from etils import epath
+import tensorflow_datasets as tfds
+import tree
+
+ExtractMethod = tfds.download.ExtractMethod
+_TAR_METHODS = (ExtractMethod.TAR, ExtractMethod.TAR_GZ,
+                ExtractMethod.TAR_STREAM, ExtractMethod.TAR_GZ_STREAM)
+
+# TF-free builders by TFDS name, filled as their modules are imported.
+TF_FREE_BUILDERS: dict[str, type[tfds.core.DatasetBuilder]] = {}
+
+
+def builder(name: str, **kwargs: Any) -> tfds.core.DatasetBuilder:
+  """``tfds.builder(name, **kwargs)``, with our TF-free class where we have one.
+
+  ``name`` may carry a config and version (``'wmt14_translate/de-en:1.0.0'``).
+  """
+  # pylint: disable-next=g-import-not-at-top,unused-import,cyclic-import
+  from jax_transformer.data import lm1b, wmt  # they fill TF_FREE_BUILDERS
+  ds_name, parsed = tfds.core.naming.parse_builder_name_kwargs(name, **kwargs)
+  cls = TF_FREE_BUILDERS.get(ds_name.name)
+  if cls is None or ds_name.namespace:
+    return tfds.builder(name, **kwargs)
+  return cls(**parsed)
+
+
+class TfFreeBuilder:
+  """Mixin, first base of a subclass of a TFDS builder: same dataset, no TF.
+
+  ``class Wmt14Translate(TfFreeBuilder, wmt14.Wmt14Translate)`` is TFDS's
+  builder whose ``_split_generators`` gets a ``DownloadManager`` (below).
+  A subclass that overrides ``_split_generators`` wraps the manager itself.
+  """
+
+  def __init_subclass__(cls, **kwargs):
+    stock = next(b for b in cls.__mro__[1:]
+                 if issubclass(b, tfds.core.DatasetBuilder))
+    # TFDS's name (hence its data folder), its checksums of the real
+    # downloads (found next to code_path) and its README metadata.
+    cls.name = stock.name
+    cls.code_path = stock.code_path
+    # pylint: disable-next=protected-access
+    cls.pkg_dir_path = stock._get_pkg_dir_path()
+    # Registering the name again would clash with TFDS's class, which stays
+    # the one tfds.builder() and tfds.data_source() use to read the files.
+    super().__init_subclass__(skip_registration=True, **kwargs)
+    TF_FREE_BUILDERS[cls.name] = cls
+
+  def _split_generators(self, dl_manager):
+    return super()._split_generators(DownloadManager(dl_manager))
+
+
+class DownloadManager:
+  """TFDS's download manager, extracting archives without TensorFlow.
+
+  Downloads (and their cache and checksums) stay TFDS's. Extraction follows
+  TFDS's extractor: the same folder ``<download_dir>/extracted/<METHOD>.<file>``
+  (so an extraction made by either is reused by the other), the same members
+  skipped, and a temporary folder renamed when complete.
+  """
+
+  def __init__(self, manager: tfds.download.DownloadManager):
+    self._manager = manager
+
+  def __getattr__(self, name: str) -> Any:
+    # manual_dir, download_dir, downloaded_size, ...: TFDS's own.
+    return getattr(self._manager, name)
+
+  def download(self, url_or_urls):
+    tree.map_structure(_check_downloadable, url_or_urls)
+    return self._manager.download(url_or_urls)
+
+  def extract(self, path_or_paths):
+    return tree.map_structure(self._extract, path_or_paths)
+
+  def download_and_extract(self, url_or_urls):
+    return self.extract(self.download(url_or_urls))
+
+  def iter_archive(self, resource) -> Iterator[tuple[str, BinaryIO]]:
+    resource = _as_resource(resource)
+    return archive_members(resource.path, resource.extract_method)
+
+  def _extract(self, resource) -> epath.Path:
+    resource = _as_resource(resource)
+    method = resource.extract_method
+    if method == ExtractMethod.NO_EXTRACT:
+      return resource.path
+    to_path = (epath.Path(self._manager.download_dir) / 'extracted'
+               / f'{method.name}.{resource.path.name}')
+    if not to_path.exists():
+      extract_archive(resource.path, method, to_path)
+    return to_path
+
+
+def _as_resource(resource) -> tfds.download.Resource:
+  if isinstance(resource, tfds.download.Resource):
+    return resource
+  return tfds.download.Resource(path=resource)
+
+
+def _check_downloadable(url) -> None:
+  """Fails, before this call downloads anything, on what only TF fetches."""
+  url = url.url if isinstance(url, tfds.download.Resource) else str(url)
+  if (not url.startswith(('http://', 'https://'))
+      and importlib.util.find_spec('tensorflow') is None):
+    raise RuntimeError(
+        f'TFDS fetches {url} with tf.io.gfile, and the package tensorflow is '
+        'not installed: choose a dataset config without this source.')
+
+
+def extract_archive(archive: epath.PathLike, method: ExtractMethod,
+                    to_path: epath.PathLike) -> epath.Path:
+  """Extracts archive to to_path (a folder; a file for gzip and bzip2)."""
+  to_path = epath.Path(to_path)
+  to_path.parent.mkdir(parents=True, exist_ok=True)
+  # A crash mid-way must not leave a folder that looks complete.
+  prefix = tfds.core.constants.INCOMPLETE_PREFIX
+  tmp = to_path.parent / f'{prefix}{uuid.uuid4().hex}_{to_path.name}'
+  try:
+    for name, member in archive_members(archive, method):
+      dst = tmp / name if name else tmp
+      dst.parent.mkdir(parents=True, exist_ok=True)
+      with dst.open('wb') as out:
+        shutil.copyfileobj(member, out)
+    if not to_path.exists():  # another process may have finished first
+      tmp.rename(to_path)
+  finally:
+    if tmp.is_dir():
+      tmp.rmtree()
+    elif tmp.exists():
+      tmp.unlink()
+  return to_path
+
+
+def archive_members(archive: epath.PathLike, method: ExtractMethod
+                    ) -> Iterator[tuple[str, BinaryIO]]:
+  """(relative path, readable file) of each member, as TFDS's extractor.
+
+  Gzip and bzip2 hold one file, whose path is ''.
+  """
+  with epath.Path(archive).open('rb') as f:
+    if method in _TAR_METHODS:
+      yield from _tar_members(f)
+    elif method == ExtractMethod.ZIP:
+      yield from _zip_members(f)
+    elif method == ExtractMethod.GZIP:
+      yield '', gzip.GzipFile(fileobj=f)
+    elif method == ExtractMethod.BZIP2:
+      yield '', bz2.BZ2File(f)
+    else:
+      raise ValueError(f'Cannot extract {archive} with {method}.')
+
+
+def _tar_members(f: BinaryIO) -> Iterator[tuple[str, BinaryIO]]:
+  with tarfile.open(fileobj=f, mode='r:*') as tar:
+    for member in tar:
+      try:
+        # Regular files, and links to them; directories give None.
+        content = tar.extractfile(member)
+      except KeyError:  # a link to a member that is not there
+        continue
+      name = _safe_name(member.name)
+      if content is not None and name:
+        yield name, content
+
+
+def _zip_members(f: BinaryIO) -> Iterator[tuple[str, BinaryIO]]:
+  with zipfile.ZipFile(f) as z:
+    for info in z.infolist():
+      name = _safe_name(info.filename)
+      if not info.is_dir() and name:
+        with z.open(info) as content:
+          yield name, content
+
+
+def _safe_name(name: str) -> str | None:
+  """The member's relative path, or None for what TFDS skips.
+
+  Absolute and parent paths would write outside the folder; hidden files
+  (macOS ``._*`` forks) and backups would match the builders' globs.
+  """
+  name = os.path.normpath(name)
+  if (name.startswith('.') or os.path.isabs(name) or name.endswith('~')
+      or os.path.basename(name).startswith('.')):
+    return None
+  return name
