@@ -19,7 +19,7 @@ def model_fields(**overrides) -> ConfigDict:
       positional='rotary', max_len=256, rope_base=10000.0,
       tie_embeddings=True, scale_embeddings=False, use_bias=False,
       layer_norm_eps=1e-5, dtype='float32', param_dtype='float32',
-      attention_implementation=optional(str), dropout_rng='hash',
+      attention_implementation='auto', dropout_rng='hash',
       scan_layers=False, remat='none')
   fields.update(overrides)
   return ConfigDict(fields)
@@ -50,6 +50,10 @@ def base_config() -> ConfigDict:
   # Peak FLOP/s of one device in TFLOP/s, for MFU in the logs; unset: built
   # in for H100/H200/A100/TPU v4-v6 (bf16 dense), no MFU on CPUs.
   c.peak_tflops = optional(float)
+  # Memory of one device in GB (10^9 bytes): a run whose train step needs
+  # more is refused before its first step. Unset: built in for H100/H200/
+  # A100/TPU v4-v6 (vendor figures); on CPUs only reported, never refused.
+  c.device_memory_gb = optional(float)
   c.keep_checkpoints = 3
   c.seed = 0
   c.optim = ConfigDict(dict(

@@ -1,7 +1,7 @@
-"""Multi-head and grouped-query attention, masks, and the KV cache.
+"""Multi-head and grouped-query attention, and the KV cache.
 
-Masks follow ``jax.nn.dot_product_attention``: bool, True = may attend,
-shaped to broadcast against ``[B, N, T, S]``.
+Masks are :class:`jax_transformer.masks.Mask` structures or dense bool
+arrays broadcastable to ``[B, N, T, S]`` (True = may attend).
 """
 
 from __future__ import annotations
@@ -14,38 +14,12 @@ from flax import nnx
 
 from jax_transformer.config import ModelConfig
 from jax_transformer.layers import dropout, param, rotate
+# Re-exported: the mask helpers lived here first.
+from jax_transformer.masks import (Mask, as_mask, attention_args,  # noqa: F401
+                                   causal_mask, combine, padding_mask,
+                                   segment_mask)
 
 Array = jax.Array
-
-
-def padding_mask(key_mask: Array) -> Array:
-  """key_mask [B, S] bool (True = real token) -> [B, 1, 1, S]."""
-  return key_mask[:, None, None, :]
-
-
-def segment_mask(query_segments: Array, key_segments: Array) -> Array:
-  """Packed sequences attend within their own segment; segment 0 is padding.
-
-  query_segments [B, T], key_segments [B, S] int -> [B, 1, T, S].
-  """
-  same = query_segments[:, :, None] == key_segments[:, None, :]
-  return (same & (key_segments[:, None, :] > 0))[:, None]
-
-
-def causal_mask(query_slots: Array, key_slots: Array) -> Array:
-  """Key slot <= query slot. query_slots [T], key_slots [S] -> [1, 1, T, S]."""
-  return (key_slots[None, :] <= query_slots[:, None])[None, None]
-
-
-def combine(*masks: Array | None) -> Array | None:
-  """Logical AND of the masks that are present (None = attend everywhere)."""
-  present = [m for m in masks if m is not None]
-  if not present:
-    return None
-  out = present[0]
-  for m in present[1:]:
-    out = out & m
-  return out
 
 
 def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
@@ -63,6 +37,26 @@ def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
     # Finite, so a fully blocked row (a padding query) stays NaN-free.
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(scores, axis=-1)
+
+
+# Head widths cuDNN's fused attention takes (multiples of 8 up to 128 run
+# on every cuDNN 9 GPU; wider heads need Hopper or newer).
+CUDNN_HEAD_DIMS = range(8, 129, 8)
+
+
+def implementation(config: ModelConfig, dtype) -> str | None:
+  """The ``jax.nn.dot_product_attention`` backend for config and dtype.
+
+  'auto' picks cuDNN's fused kernel on a GPU when the dtype is 16-bit and
+  the head width is one it takes, and XLA otherwise (CPU, TPU, float32).
+  """
+  chosen = config.attention_implementation
+  if chosen != 'auto':
+    return chosen
+  fused = (jax.default_backend() == 'gpu'
+           and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+           and config.head_dim in CUDNN_HEAD_DIMS)
+  return 'cudnn' if fused else 'xla'
 
 
 class KVCache(NamedTuple):
@@ -150,20 +144,22 @@ class Attention(nnx.Module):
     return (self._project(x, 'key', positions),
             self._project(x, 'value', positions))
 
-  def attend(self, q: Array, k: Array, v: Array, mask: Array | None,
+  def attend(self, q: Array, k: Array, v: Array, mask: Mask | Array | None,
              rngs: nnx.Rngs | None = None, deterministic: bool = True):
     """softmax(q k^T / sqrt(H)) v, then the output projection.
 
-    q [B, T, N, H], k and v [B, S, K, H], mask broadcastable to
-    [B, N, T, S] -> [B, T, D].
+    q [B, T, N, H], k and v [B, S, K, H], mask a Mask or a bool array
+    broadcastable to [B, N, T, S] -> [B, T, D].
     """
     rate = self.config.attention_dropout_rate
+    mask = as_mask(mask)
     if deterministic or rate == 0.0:
       ctx = jax.nn.dot_product_attention(
-          q, k, v, mask=mask,
-          implementation=self.config.attention_implementation)
+          q, k, v, **attention_args(mask),
+          implementation=implementation(self.config, q.dtype))
     else:
-      ctx = self._attend_with_dropout(q, k, v, mask, rate, rngs)
+      ctx = self._attend_with_dropout(
+          q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)
     dtype = self.config.compute_dtype
     y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),
                    self.out[...].astype(dtype))

@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.data.tokenizers import load_tokenizer
+from jax_transformer.params import is_scanned, to_layout
 
 CONFIG_FILE = 'config.json'
 TOKENIZER_DIR = 'tokenizer'
@@ -51,10 +52,33 @@ class Checkpointer:
         data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
                       force=True)
 
+  def saved_scanned(self, step: int) -> bool:
+    """Whether the checkpoint at step holds its layers scanned (stacked)."""
+    path = os.path.join(str(self.manager.directory), str(step), 'params')
+    names = ocp.StandardCheckpointer().metadata(path).item_metadata.keys()
+    return is_scanned(names)
+
+  def _other_layout(self, abstract: Any, step: int):
+    """(abstract as the checkpoint lays its layers out, a function from
+    what is restored to abstract's layout and shardings)."""
+    scan = is_scanned(_param_names(abstract))
+    saved = self.saved_scanned(step)
+    if saved == scan:
+      return abstract, lambda tree: tree
+    shardings = jax.tree.map(lambda x: x.sharding, abstract)
+    convert = jax.jit(lambda tree: to_layout(tree, scan),
+                      out_shardings=shardings)
+    return to_layout(abstract, saved), convert
+
   def restore(self, abstract_state: dict[str, Any],
               step: int | None = None) -> tuple[dict[str, Any], Any]:
-    """The state (placed as abstract_state's shardings) and data state."""
+    """The state (placed as abstract_state's shardings) and data state.
+
+    A checkpoint written with the other layer layout (scan_layers) is
+    converted to abstract_state's.
+    """
     step = self.latest_step() if step is None else step
+    abstract_state, convert = self._other_layout(abstract_state, step)
     train = {k: v for k, v in abstract_state.items() if k != 'params'}
     try:
       got = self.manager.restore(step, args=ocp.args.Composite(
@@ -65,8 +89,8 @@ class Checkpointer:
       raise ValueError(
           f'Checkpoint at step {step} in {self.manager.directory} does not '
           f'match this model/optimizer config: {err}') from err
-    return dict(got['train'], params=got['params']), _own_data_state(
-        got['data']['processes'])
+    state = convert(dict(got['train'], params=got['params']))
+    return state, _own_data_state(got['data']['processes'])
 
   def restore_params(self, abstract_params: dict[str, Any],
                      step: int | None = None) -> dict[str, Any]:
@@ -75,14 +99,20 @@ class Checkpointer:
     if step is None:
       raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint '
                               'yet.')
-    return self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params)))['params']
+    abstract_params, convert = self._other_layout(abstract_params, step)
+    return convert(self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))['params'])
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _param_names(tree: Any) -> list[str]:
+  """The parameter names in a state or params dict."""
+  return list(tree['params'] if 'params' in tree else tree)
 
 
 def _gather_json(value: Any) -> list[Any]:

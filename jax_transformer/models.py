@@ -1,9 +1,11 @@
 """The two models: the paper's encoder-decoder and a GPT-style decoder LM.
 
 Conventions: ids are int [B, T]; a ``mask`` is bool [B, T] with True for real
-tokens; packed batches pass ``segment_ids`` (1, 2, ... per sequence, 0 for
-padding) instead, and attention never crosses a segment boundary. Positions
-default to 0, 1, ... over each sequence's real tokens.
+tokens, or int [B] lengths when rows are right-padded (then a fused kernel
+skips the padding without reading a mask); packed batches pass
+``segment_ids`` (1, 2, ... per sequence, 0 for padding) instead, and
+attention never crosses a segment boundary. Positions default to 0, 1, ...
+over each sequence's real tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer import attention as attn
+from jax_transformer import stack
 from jax_transformer.attention import KVCache
 from jax_transformer.blocks import DecoderLayer, EncoderLayer
 from jax_transformer.config import ModelConfig
@@ -34,17 +37,38 @@ def default_positions(ids: Array, mask: Array | None = None,
     return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
   if mask is not None:
     # Counting real tokens also handles left padding.
-    return jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+    real = real_tokens(mask, t)
+    return jnp.maximum(jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
   return index
 
 
+def real_tokens(mask: Array, length: int) -> Array:
+  """mask [B, T] bool, or [B] int lengths of right-padded rows -> [B, T]
+  bool, True on real tokens."""
+  if mask.ndim == 1:
+    return jnp.arange(length)[None, :] < mask[:, None]
+  return mask.astype(bool)
+
+
 def key_mask(mask: Array | None, segments: Array | None,
-             query_segments: Array | None = None) -> Array | None:
-  """Padding mask [B, 1, 1, S], or a segment mask [B, 1, T, S] when packed."""
+             query_segments: Array | None = None,
+             causal: bool = False) -> attn.Mask:
+  """Which keys each query may see, as structure.
+
+  mask: [B, S] bool (True = real token), or [B] int lengths of right-padded
+  rows (a fused kernel then skips the padding without reading a mask);
+  segments [B, S] for packed rows (queries see their own segment, given by
+  query_segments [B, T] when the queries are another sequence).
+  """
   if segments is not None:
-    return attn.segment_mask(
-        segments if query_segments is None else query_segments, segments)
-  return None if mask is None else attn.padding_mask(mask)
+    return attn.Mask(causal=causal, key_segments=segments,
+                     query_segments=(segments if query_segments is None
+                                     else query_segments))
+  if mask is None:
+    return attn.Mask(causal=causal)
+  if mask.ndim == 1:
+    return attn.Mask(causal=causal, key_lengths=mask)
+  return attn.Mask(causal=causal, dense_part=attn.padding_mask(mask))
 
 
 class _Transformer(nnx.Module):
@@ -73,6 +97,13 @@ class _Transformer(nnx.Module):
     return dropout(x, self.config.dropout_rate, rngs, deterministic,
                    self.config.dropout_rng)
 
+  def head_kernel(self) -> Array:
+    """The output projection as [D, V]: the head, or the embedding table
+    transposed when tied (for a loss that applies the head itself)."""
+    if self.head is None:
+      return self.embed.embedding[...].T
+    return self.head[...]
+
   def _logits(self, x: Array) -> Array:
     """x [B, T, D] -> logits [B, T, V] in float32."""
     if self.head is None:
@@ -86,7 +117,7 @@ class _Transformer(nnx.Module):
     c = self.config
     shape = (batch_size, max_len, c.kv_heads, c.head_dim)
     zeros = tuple(jnp.zeros(shape, c.compute_dtype)
-                  for _ in range(len(self._decoder_layers())))
+                  for _ in range(c.num_decoder_layers))
     return KVCache(keys=zeros, values=zeros,
                    valid=jnp.zeros((batch_size, max_len), bool),
                    index=jnp.zeros((), jnp.int32))
@@ -115,6 +146,8 @@ class _Transformer(nnx.Module):
     valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask,
                                                 cache.index, axis=1)
     slots = cache.index + jnp.arange(t)
+    # Cache slots are not positions (a prompt's padding takes slots), so
+    # this mask has no structure a kernel could use: it stays dense.
     self_mask = attn.combine(
         attn.causal_mask(slots, jnp.arange(cache.max_len)),
         attn.padding_mask(valid))
@@ -122,7 +155,7 @@ class _Transformer(nnx.Module):
                    else attn.padding_mask(cache.memory_mask))
     x = self._embed(ids, positions, None, True)
     keys, values = [], []
-    for i, layer in enumerate(self._decoder_layers()):
+    for i, layer in enumerate(stack.unrolled(self._decoder_layers())):
       memory_kv = ((cache.cross_keys[i], cache.cross_values[i])
                    if cache.cross_keys else None)
       x, (k, v) = layer(x, self_mask, positions, memory_kv=memory_kv,
@@ -149,12 +182,12 @@ class EncoderDecoder(_Transformer):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs | None = None):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self._init_io(config, rngs)
-    self.encoder_layers = nnx.List(
-        [EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
+    self.encoder_layers = stack.build(
+        config, lambda: EncoderLayer(config, rngs), config.num_encoder_layers)
     self.encoder_norm = make_norm(config, rngs) if config.final_norm else None
-    self.decoder_layers = nnx.List(
-        [DecoderLayer(config, rngs, cross_attention=True)
-         for _ in range(config.num_decoder_layers)])
+    self.decoder_layers = stack.build(
+        config, lambda: DecoderLayer(config, rngs, cross_attention=True),
+        config.num_decoder_layers)
     self.decoder_norm = make_norm(config, rngs) if config.final_norm else None
 
   def _decoder_layers(self):
@@ -170,11 +203,14 @@ class EncoderDecoder(_Transformer):
                tgt_segment_ids: Array | None = None,
                src_positions: Array | None = None,
                tgt_positions: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
+               rngs: nnx.Rngs | None = None,
+               return_hidden: bool = False) -> Array:
     """src_ids [B, S], tgt_ids [B, T] -> logits [B, T, V] (float32).
 
     The causal mask on the target is applied inside. In training pass
-    ``deterministic=False, rngs=nnx.Rngs(dropout=key)``.
+    ``deterministic=False, rngs=nnx.Rngs(dropout=key)``. return_hidden:
+    the decoder's final hidden states [B, T, D] instead of logits (see
+    ``head_kernel``).
     """
     memory = self.encode(src_ids, src_mask, deterministic,
                          segment_ids=src_segment_ids, positions=src_positions,
@@ -182,7 +218,8 @@ class EncoderDecoder(_Transformer):
     return self.decode(tgt_ids, memory, src_mask, tgt_mask, deterministic,
                        src_segment_ids=src_segment_ids,
                        tgt_segment_ids=tgt_segment_ids,
-                       tgt_positions=tgt_positions, rngs=rngs)
+                       tgt_positions=tgt_positions, rngs=rngs,
+                       return_hidden=return_hidden)
 
   def encode(self, src_ids: Array, src_mask: Array | None = None,
              deterministic: bool = True, *, segment_ids: Array | None = None,
@@ -193,8 +230,10 @@ class EncoderDecoder(_Transformer):
       positions = default_positions(src_ids, src_mask, segment_ids)
     mask = key_mask(src_mask, segment_ids)
     x = self._embed(src_ids, positions, rngs, deterministic)
-    for layer in self.encoder_layers:
-      x = layer(x, mask, positions, rngs, deterministic)
+    x = stack.run(
+        self.encoder_layers, x,
+        lambda layer, h, r: layer(h, mask, positions, r, deterministic),
+        self.config, None if deterministic else rngs)
     return x if self.encoder_norm is None else self.encoder_norm(x)
 
   def decode(self, tgt_ids: Array, memory: Array,
@@ -203,32 +242,33 @@ class EncoderDecoder(_Transformer):
              src_segment_ids: Array | None = None,
              tgt_segment_ids: Array | None = None,
              tgt_positions: Array | None = None,
-             rngs: nnx.Rngs | None = None) -> Array:
+             rngs: nnx.Rngs | None = None,
+             return_hidden: bool = False) -> Array:
     """The decoder stack and head over a whole target (teacher forcing).
 
-    tgt_ids [B, T], memory [B, S, D] -> logits [B, T, V] (float32).
+    tgt_ids [B, T], memory [B, S, D] -> logits [B, T, V] (float32), or
+    the hidden states [B, T, D] under the head when return_hidden.
     """
-    t = tgt_ids.shape[1]
     if (src_segment_ids is None) != (tgt_segment_ids is None):
       raise ValueError('Packed batches need both src_segment_ids and '
                        'tgt_segment_ids (or neither).')
     if tgt_positions is None:
       tgt_positions = default_positions(tgt_ids, tgt_mask, tgt_segment_ids)
-    self_mask = attn.combine(attn.causal_mask(jnp.arange(t), jnp.arange(t)),
-                             key_mask(tgt_mask, tgt_segment_ids))
-    if src_segment_ids is not None:
-      memory_mask = attn.segment_mask(tgt_segment_ids, src_segment_ids)
-    else:
-      memory_mask = key_mask(src_mask, None)
+    self_mask = key_mask(tgt_mask, tgt_segment_ids, causal=True)
+    memory_mask = key_mask(src_mask, src_segment_ids, tgt_segment_ids)
     x = self._embed(tgt_ids, tgt_positions, rngs, deterministic)
-    for layer in self.decoder_layers:
-      x, _ = layer(x, self_mask, tgt_positions,
+
+    def body(layer, h, r):
+      return layer(h, self_mask, tgt_positions,
                    memory_kv=layer.cross_attn.project_kv(memory),
-                   memory_mask=memory_mask, rngs=rngs,
-                   deterministic=deterministic)
+                   memory_mask=memory_mask, rngs=r,
+                   deterministic=deterministic)[0]
+
+    x = stack.run(self.decoder_layers, x, body, self.config,
+                  None if deterministic else rngs)
     if self.decoder_norm is not None:
       x = self.decoder_norm(x)
-    return self._logits(x)
+    return x if return_hidden else self._logits(x)
 
   def init_cache(self, memory: Array, src_mask: Array | None,
                  max_len: int) -> KVCache:
@@ -240,12 +280,12 @@ class EncoderDecoder(_Transformer):
     b, s, _ = memory.shape
     cache = self._empty_cache(b, max_len)
     cross = [layer.cross_attn.project_kv(memory)
-             for layer in self.decoder_layers]
+             for layer in stack.unrolled(self.decoder_layers)]
     return cache._replace(
         cross_keys=tuple(k for k, _ in cross),
         cross_values=tuple(v for _, v in cross),
         memory_mask=(jnp.ones((b, s), bool) if src_mask is None
-                     else src_mask.astype(bool)))
+                     else real_tokens(src_mask, s)))
 
 
 class DecoderLM(_Transformer):
@@ -254,9 +294,9 @@ class DecoderLM(_Transformer):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs | None = None):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self._init_io(config, rngs)
-    self.layers = nnx.List(
-        [DecoderLayer(config, rngs, cross_attention=False)
-         for _ in range(config.num_decoder_layers)])
+    self.layers = stack.build(
+        config, lambda: DecoderLayer(config, rngs, cross_attention=False),
+        config.num_decoder_layers)
     self.norm = make_norm(config, rngs) if config.final_norm else None
 
   def _decoder_layers(self):
@@ -269,20 +309,22 @@ class DecoderLM(_Transformer):
                deterministic: bool = True, *,
                segment_ids: Array | None = None,
                positions: Array | None = None,
-               rngs: nnx.Rngs | None = None) -> Array:
-    """ids [B, T] -> next-token logits [B, T, V] (float32), causally masked."""
-    t = ids.shape[1]
+               rngs: nnx.Rngs | None = None,
+               return_hidden: bool = False) -> Array:
+    """ids [B, T] -> next-token logits [B, T, V] (float32), causally masked;
+    or the hidden states [B, T, D] under the head when return_hidden."""
     if positions is None:
       positions = default_positions(ids, mask, segment_ids)
-    self_mask = attn.combine(attn.causal_mask(jnp.arange(t), jnp.arange(t)),
-                             key_mask(mask, segment_ids))
+    self_mask = key_mask(mask, segment_ids, causal=True)
     x = self._embed(ids, positions, rngs, deterministic)
-    for layer in self.layers:
-      x, _ = layer(x, self_mask, positions, rngs=rngs,
-                   deterministic=deterministic)
+    x = stack.run(
+        self.layers, x,
+        lambda layer, h, r: layer(h, self_mask, positions, rngs=r,
+                                  deterministic=deterministic)[0],
+        self.config, None if deterministic else rngs)
     if self.norm is not None:
       x = self.norm(x)
-    return self._logits(x)
+    return x if return_hidden else self._logits(x)
 
   def init_cache(self, batch_size: int, max_len: int) -> KVCache:
     """An empty cache of max_len slots for batch_size sequences."""

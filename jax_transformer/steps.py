@@ -16,41 +16,91 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jax_transformer.losses import cross_entropy
+from jax_transformer.losses import chunked_cross_entropy, cross_entropy
 from jax_transformer.params import ModelDef
 
 Batch = dict[str, jax.Array]
 TrainState = dict[str, Any]
 
 
+def _lengths(segment_ids: jax.Array) -> jax.Array:
+  """Real tokens per right-padded row: segment_ids [B, T] -> [B] int32.
+
+  An empty row (an eval batch's filler) counts one: a row with no key at
+  all is a case fused kernels need not define, and its loss weight is 0.
+  """
+  return jnp.maximum((segment_ids > 0).sum(axis=1, dtype=jnp.int32), 1)
+
+
 def forward(model: nnx.Module, batch: Batch, deterministic: bool,
-            rngs: nnx.Rngs | None = None):
-  """Logits [B, T, V], targets [B, T] and weights [B, T] for either batch
+            rngs: nnx.Rngs | None = None, packed: bool = True,
+            return_hidden: bool = False):
+  """Logits [B, T, V] (or the hidden states [B, T, D] under the head when
+  return_hidden), targets [B, T] and weights [B, T] for either batch
   format of ``jax_transformer.data.batching``: LM (``inputs``...) or
-  translation (``src``, ``tgt_in``...)."""
+  translation (``src``, ``tgt_in``...).
+
+  packed=False promises one right-padded sequence per row (what the
+  batcher makes without packing): attention then gets per-row lengths,
+  which a fused kernel applies without reading a mask, instead of segments.
+  """
+  def masks(segment_ids):
+    if packed:
+      return {'segment_ids': segment_ids}
+    return {'mask': _lengths(segment_ids), 'segment_ids': None}
+
   if 'src' in batch:
-    logits = model(batch['src'], batch['tgt_in'], deterministic=deterministic,
-                   src_segment_ids=batch['src_segment_ids'],
-                   tgt_segment_ids=batch['tgt_segment_ids'],
-                   src_positions=batch['src_positions'],
-                   tgt_positions=batch['tgt_positions'], rngs=rngs)
-    return logits, batch['tgt_out'], batch['tgt_segment_ids'] > 0
-  logits = model(batch['inputs'], deterministic=deterministic,
-                 segment_ids=batch['segment_ids'],
-                 positions=batch['positions'], rngs=rngs)
-  return logits, batch['targets'], batch['segment_ids'] > 0
+    src, tgt = masks(batch['src_segment_ids']), masks(batch['tgt_segment_ids'])
+    out = model(batch['src'], batch['tgt_in'], src.get('mask'),
+                tgt.get('mask'), deterministic=deterministic,
+                src_segment_ids=src['segment_ids'],
+                tgt_segment_ids=tgt['segment_ids'],
+                src_positions=batch['src_positions'],
+                tgt_positions=batch['tgt_positions'], rngs=rngs,
+                return_hidden=return_hidden)
+    return out, batch['tgt_out'], batch['tgt_segment_ids'] > 0
+  lm = masks(batch['segment_ids'])
+  out = model(batch['inputs'], lm.get('mask'), deterministic=deterministic,
+              segment_ids=lm['segment_ids'], positions=batch['positions'],
+              rngs=rngs, return_hidden=return_hidden)
+  return out, batch['targets'], batch['segment_ids'] > 0
+
+
+def loss_sums(model: nnx.Module, batch: Batch, deterministic: bool,
+              rngs: nnx.Rngs | None = None, *, label_smoothing: float = 0.0,
+              z_loss: float = 0.0, packed: bool = True,
+              loss_chunk_size: int = 0) -> dict[str, jax.Array]:
+  """The sums of ``losses.cross_entropy`` for one batch.
+
+  loss_chunk_size > 0: the head and the loss run over chunks of that many
+  tokens (``losses.chunked_cross_entropy``), so float32 [B, T, V] logits
+  never exist; the same sums to float rounding.
+  """
+  if not loss_chunk_size:
+    logits, targets, weights = forward(model, batch, deterministic, rngs,
+                                       packed)
+    return cross_entropy(logits, targets, weights, label_smoothing, z_loss)
+  hidden, targets, weights = forward(model, batch, deterministic, rngs,
+                                     packed, return_hidden=True)
+  return chunked_cross_entropy(
+      hidden, model.head_kernel(), targets, weights, label_smoothing, z_loss,
+      chunk_size=loss_chunk_size, compute_dtype=model.config.compute_dtype)
 
 
 def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
-                    label_smoothing: float = 0.0, z_loss: float = 0.0
+                    label_smoothing: float = 0.0, z_loss: float = 0.0, *,
+                    packed: bool = True, loss_chunk_size: int = 0
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-  """One optimizer step (or one micro-step under gradient accumulation)."""
+  """One optimizer step (or one micro-step under gradient accumulation).
+
+  packed and loss_chunk_size: see ``forward`` and ``loss_sums``.
+  """
 
   def loss_fn(params, batch, key):
-    model = model_def.merge(params)
-    logits, targets, weights = forward(model, batch, False,
-                                       nnx.Rngs(dropout=key))
-    sums = cross_entropy(logits, targets, weights, label_smoothing, z_loss)
+    sums = loss_sums(model_def.merge(params), batch, False,
+                     nnx.Rngs(dropout=key), label_smoothing=label_smoothing,
+                     z_loss=z_loss, packed=packed,
+                     loss_chunk_size=loss_chunk_size)
     return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
 
   def train_step(state: TrainState, batch: Batch):
@@ -67,12 +117,14 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
   return train_step
 
 
-def make_eval_step(model_def: ModelDef) -> Callable[[dict, Batch], dict]:
+def make_eval_step(model_def: ModelDef, *, packed: bool = True,
+                   loss_chunk_size: int = 0
+                   ) -> Callable[[dict, Batch], dict]:
   """Sums of nll and tokens on one batch (dropout off)."""
 
   def eval_step(params, batch):
-    logits, targets, weights = forward(model_def.merge(params), batch, True)
-    sums = cross_entropy(logits, targets, weights)
+    sums = loss_sums(model_def.merge(params), batch, True, packed=packed,
+                     loss_chunk_size=loss_chunk_size)
     return {'nll': sums['nll'], 'tokens': sums['tokens']}
 
   return eval_step
