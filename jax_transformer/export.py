@@ -205,7 +205,8 @@ def _write_hf(trained: Trained, out: str) -> list[str]:
 
 def _write_safetensors(trained: Trained, out: str) -> list[str]:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  flat = _tensors(params_lib.split(trained.model)[1])
+  # Layers one by one whatever the training layout: the file reads the same.
+  flat = _tensors(params_lib.unrolled(params_lib.split(trained.model)[1]))
   save_file(flat, out, metadata={
       'format': SAFETENSORS_FORMAT, 'model_kind': trained.kind,
       'model_config': model_config_json(trained.model.config),

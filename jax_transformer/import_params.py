@@ -50,7 +50,8 @@ from jax_transformer.export import (CONFIG_SUFFIX, HF_CONFIG, HF_WEIGHTS,
 
 # Fields a fine-tuning run may change without changing the function.
 _RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
-                   'param_dtype', 'attention_implementation')
+                   'param_dtype', 'attention_implementation', 'dropout_rng',
+                   'scan_layers', 'remat')
 _EMBEDDING = {'reference': 'embed.weight', 'gpt2': 'transformer.wte.weight',
               'flat': 'embed.embedding'}
 

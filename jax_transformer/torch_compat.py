@@ -302,8 +302,9 @@ def _to_numpy(value) -> np.ndarray:
 
 def export_state_dict(model: nnx.Module,
                       entries: list[Entry]) -> dict[str, np.ndarray]:
-  """The model's parameters as a torch-layout dict of numpy arrays."""
-  params = params_lib.split(model)[1]
+  """The model's parameters as a torch-layout dict of numpy arrays (either
+  layer layout: entries name layers one by one)."""
+  params = params_lib.unrolled(params_lib.split(model)[1])
   return {e.torch_key: np.asarray(e.to_torch([params[p] for p in e.jax_paths]))
           for e in entries}
 
@@ -346,10 +347,11 @@ def import_state_dict(state_dict: Mapping[str, object],
   """Builds the module ``build()`` holding the tensors of ``state_dict``.
 
   ``build`` is only traced (``nnx.eval_shape``): nothing is initialised.
+  Entries name layers one by one; a scanned ``build()`` gets them stacked.
   """
   state_dict = {k: _to_numpy(v) for k, v in state_dict.items()}
   model_def, abstract = params_lib.abstract(build)
-  shapes = {k: v.shape for k, v in abstract.items()}
+  shapes = {k: v.shape for k, v in params_lib.unrolled(abstract).items()}
   _check_state_dict(state_dict, entries, shapes, ignored_suffixes)
   values: dict[str, np.ndarray] = {}
   for e in entries:
@@ -360,18 +362,22 @@ def import_state_dict(state_dict: Mapping[str, object],
         raise ValueError(f'{e.torch_key!r} differs from the tensor already '
                          f'loaded into {path!r}, but the config ties them.')
       values[path] = array
-  return model_def.merge({k: jnp.asarray(v, dtype)
-                          for k, v in values.items()})
+  values = {k: jnp.asarray(v, dtype) for k, v in values.items()}
+  if params_lib.is_scanned(abstract):
+    values = params_lib.scanned(values)
+  return model_def.merge(values)
 
 
 def module_from_flat(flat: Mapping[str, object],
                      build: Callable[[], nnx.Module],
                      dtype=jnp.float32) -> nnx.Module:
   """The module ``build()`` holding its own flat parameter dict (the keys of
-  ``params.split``), checked key by key like a state dict."""
+  ``params.split``, in either layer layout), checked key by key like a
+  state dict."""
   _, abstract = params_lib.abstract(build)
-  return import_state_dict(flat, build, [_same(k, k) for k in abstract],
-                           dtype)
+  return import_state_dict(params_lib.unrolled(dict(flat)), build,
+                           [_same(k, k)
+                            for k in params_lib.unrolled(abstract)], dtype)
 
 
 def encoder_decoder_from_torch(state_dict: Mapping[str, object],
