@@ -18,8 +18,8 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer import (checkpoint, data, evaluation, experiment, perf,
-                             sharding, steps)
+from jax_transformer import (checkpoint, data, evaluation, experiment, memory,
+                             perf, sharding, steps)
 from jax_transformer.metrics import MetricWriter
 
 
@@ -202,6 +202,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   shardings, param_specs = state_shardings(setup, mesh, abstract_state)
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
                       param_specs, mesh))
+  budget = memory.Budget.of(cfg)
+  footprint = memory.estimate(cfg, setup.model_config, abstract_state,
+                              shardings, mesh)
+  log(memory.preflight(footprint, budget))
   sync('workdir read')  # nobody reads tokenizer/ while process 0 writes it
   if main:
     checkpoint.save_side_files(workdir, cfg, tokenizer)
@@ -247,6 +251,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         compiled, rates.compile_s = perf.compile_timed(train_step, state,
                                                        batch)
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
+        # Before the first step, so a refusal never follows a new save.
+        log(memory.after_compile(compiled, budget, footprint))
         tick = time.perf_counter()
       state, metrics = compiled(state, batch)
       pending.append(metrics)
