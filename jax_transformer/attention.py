@@ -14,6 +14,7 @@ from flax import nnx
 
 from jax_transformer.config import ModelConfig
 from jax_transformer.layers import dropout, param, rotate
+from jax_transformer.sharding import constrain
 # Re-exported: the mask helpers lived here first.
 from jax_transformer.masks import (Mask, as_mask, attention_args,  # noqa: F401
                                    causal_mask, combine, padding_mask,
@@ -133,7 +134,8 @@ class Attention(nnx.Module):
       if positions is None:
         raise ValueError('Rotary attention needs positions [B, T].')
       y = rotate(y, positions, self.config.rope_base)
-    return y
+    heads = 'heads' if kernel == 'query' else 'kv_heads'
+    return constrain(y, ('batch', 'length', heads, 'head_dim'))
 
   def project_query(self, x: Array, positions: Array | None = None) -> Array:
     """x [B, T, D] -> queries [B, T, N, H] (rotated when rotary)."""
@@ -160,6 +162,7 @@ class Attention(nnx.Module):
     else:
       ctx = self._attend_with_dropout(
           q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)
+    ctx = constrain(ctx, ('batch', 'length', 'heads', 'head_dim'))
     dtype = self.config.compute_dtype
     y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),
                    self.out[...].astype(dtype))

@@ -15,8 +15,11 @@ from flax import nnx
 from jax_transformer.attention import Attention, write_slots
 from jax_transformer.config import ModelConfig
 from jax_transformer.layers import FeedForward, dropout, make_norm
+from jax_transformer.sharding import constrain
 
 Array = jax.Array
+# The residual stream [B, T, D].
+ACTIVATION_AXES = ('batch', 'length', 'embed')
 
 
 class _Layer(nnx.Module):
@@ -28,8 +31,10 @@ class _Layer(nnx.Module):
                 rngs: nnx.Rngs | None, deterministic: bool) -> Array:
     rate, rng = self.config.dropout_rate, self.config.dropout_rng
     if self.config.norm_first:
-      return x + dropout(sublayer(norm(x)), rate, rngs, deterministic, rng)
-    return norm(x + dropout(sublayer(x), rate, rngs, deterministic, rng))
+      x = x + dropout(sublayer(norm(x)), rate, rngs, deterministic, rng)
+    else:
+      x = norm(x + dropout(sublayer(x), rate, rngs, deterministic, rng))
+    return constrain(x, ACTIVATION_AXES)
 
   def _feed_forward(self, x, rngs, deterministic):
     return self._residual(

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from jax_transformer.config import ModelConfig
+from jax_transformer.sharding import constrain
 
 Array = jax.Array
 Initializer = nnx.initializers.Initializer
@@ -233,6 +234,7 @@ class FeedForward(nnx.Module):
       h = jax.nn.silu(gate) * h
     else:
       h = _ACTIVATIONS[self.config.activation](h)
+    h = constrain(h, ('batch', 'length', 'mlp'))
     h = dropout(h, self.config.dropout_rate, rngs, deterministic,
                 self.config.dropout_rng)
     y = jnp.einsum('BTF,FD->BTD', h, self.wo[...].astype(dtype))

@@ -17,10 +17,11 @@ from flax import nnx
 from jax_transformer import attention as attn
 from jax_transformer import stack
 from jax_transformer.attention import KVCache
-from jax_transformer.blocks import DecoderLayer, EncoderLayer
+from jax_transformer.blocks import ACTIVATION_AXES, DecoderLayer, EncoderLayer
 from jax_transformer.config import ModelConfig
 from jax_transformer.layers import (Embed, LearnedPositions, dropout,
                                     make_norm, param, sinusoidal)
+from jax_transformer.sharding import constrain
 
 Array = jax.Array
 
@@ -94,8 +95,9 @@ class _Transformer(nnx.Module):
       x = x + sinusoidal(positions, self.config.d_model).astype(x.dtype)
     elif self.config.positional == 'learned':
       x = x + self.position_embed(positions).astype(x.dtype)
-    return dropout(x, self.config.dropout_rate, rngs, deterministic,
-                   self.config.dropout_rng)
+    x = dropout(x, self.config.dropout_rate, rngs, deterministic,
+                self.config.dropout_rng)
+    return constrain(x, ACTIVATION_AXES)
 
   def head_kernel(self) -> Array:
     """The output projection as [D, V]: the head, or the embedding table
@@ -107,11 +109,13 @@ class _Transformer(nnx.Module):
   def _logits(self, x: Array) -> Array:
     """x [B, T, D] -> logits [B, T, V] in float32."""
     if self.head is None:
-      return self.embed.attend(x)
-    dtype = self.config.compute_dtype
-    return jnp.einsum('BTD,DV->BTV', x.astype(dtype),
-                      self.head[...].astype(dtype),
-                      preferred_element_type=jnp.float32)
+      logits = self.embed.attend(x)
+    else:
+      dtype = self.config.compute_dtype
+      logits = jnp.einsum('BTD,DV->BTV', x.astype(dtype),
+                          self.head[...].astype(dtype),
+                          preferred_element_type=jnp.float32)
+    return constrain(logits, ('batch', 'length', 'vocab'))
 
   def _empty_cache(self, batch_size: int, max_len: int) -> KVCache:
     c = self.config

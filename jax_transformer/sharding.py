@@ -3,7 +3,10 @@
 Model code names logical axes ('embed', 'mlp', 'heads', ...); one rules table
 maps them to the mesh axes ('data', 'fsdp', 'tensor'). Batches are split over
 ('data', 'fsdp'); parameters are split over 'fsdp' (ZeRO-3 style) and
-'tensor' (Megatron style).
+'tensor' (Megatron style). Activations are pinned by the same table
+(:func:`constrain`): the batch over ('data', 'fsdp'), heads, MLP features
+and the vocabulary over 'tensor'; 'embed' stays whole in an activation
+because its batch already took 'fsdp'.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
 
-# Logical axis -> mesh axis (None: replicated).
-DEFAULT_RULES: dict[str, str | None] = {
+# Logical axis -> mesh axis or axes (None: replicated).
+DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
+    'batch': BATCH_AXES,
+    'length': None,
+    'layers': None,
     'vocab': 'tensor',
     'embed': 'fsdp',
     'mlp': 'tensor',
@@ -64,16 +70,43 @@ def make_mesh(sizes: Mapping[str, int],
 
 
 def logical_to_spec(axes: Sequence[str],
-                    rules: Mapping[str, str | None] = DEFAULT_RULES
-                    ) -> PartitionSpec:
+                    rules: Mapping[str, str | tuple[str, ...] | None]
+                    = DEFAULT_RULES) -> PartitionSpec:
   """('embed', 'mlp') -> PartitionSpec('fsdp', 'tensor'); a mesh axis is
-  used at most once per array."""
+  used at most once per array (the first dimension that asks gets it)."""
   used, spec = set(), []
   for name in axes:
-    mesh_axis = rules.get(name)
-    spec.append(mesh_axis if mesh_axis not in used else None)
-    used.add(mesh_axis)
+    wanted = rules.get(name)
+    wanted = (wanted,) if isinstance(wanted, str) else tuple(wanted or ())
+    free = tuple(a for a in wanted if a not in used)
+    used.update(free)
+    spec.append(free[0] if len(free) == 1 else (free or None))
   return PartitionSpec(*spec)
+
+
+def constrain(x: jax.Array, axes: Sequence[str],
+              rules: Mapping[str, str | tuple[str, ...] | None]
+              = DEFAULT_RULES) -> jax.Array:
+  """x laid out by its logical axes (one name per dimension), when traced
+  under a mesh (``jax.set_mesh`` or ``jax.sharding.use_abstract_mesh``);
+  unchanged otherwise.
+
+  Without this the compiler propagates layouts from the parameters and may
+  pick one that gathers a whole batch or all heads on every device. Mesh
+  axes the current mesh lacks, or that do not divide their dimension, are
+  dropped (the dimension is then replicated over them).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  spec = []
+  for dim, entry in zip(x.shape, logical_to_spec(axes, rules)):
+    names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    names = tuple(a for a in names if a in mesh.axis_names)
+    if names and dim % math.prod(mesh.shape[a] for a in names):
+      names = ()
+    spec.append(names[0] if len(names) == 1 else (names or None))
+  return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
 def param_specs(logical_axes: Mapping[str, Sequence[str]],
