@@ -54,6 +54,10 @@ def base_config() -> ConfigDict:
   # more is refused before its first step. Unset: built in for H100/H200/
   # A100/TPU v4-v6 (vendor figures); on CPUs only reported, never refused.
   c.device_memory_gb = optional(float)
+  # Tokens per chunk of the output head and loss (0: all at once). Chunked,
+  # float32 logits [B, T, V] never exist in the step: set it (e.g. 4096)
+  # when the vocabulary is large.
+  c.loss_chunk_size = 0
   c.keep_checkpoints = 3
   c.seed = 0
   c.optim = ConfigDict(dict(

@@ -94,6 +94,10 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f'config.{name} must be a positive integer, got '
                        f'{value!r}.')
+  chunk = cfg.get('loss_chunk_size') or 0
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise ValueError('config.loss_chunk_size must be a non-negative integer '
+                     f'(0: the loss over all tokens at once), got {chunk!r}.')
   if (cfg.get('eval_bleu_examples') or 0) < 0:
     raise ValueError('config.eval_bleu_examples must be >= 0 (0 turns the '
                      f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
@@ -182,6 +186,15 @@ def sample(setup, params, tokenizer, cfg) -> str:
   return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
+def _traced_under(mesh, jitted):
+  """jitted, traced with mesh in context, so that the models' activation
+  sharding constraints (``sharding.constrain``) apply."""
+  def call(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return jitted(*args)
+  return call
+
+
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
                        ) -> dict[str, Any]:
   """Trains (resuming from workdir if it holds a checkpoint); returns the
@@ -228,14 +241,19 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
 
   replicated = NamedSharding(mesh, PartitionSpec())
   batch_sharding = sharding.batch_sharding(mesh)
+  chunk = cfg.get('loss_chunk_size') or 0
   train_step = jax.jit(
       steps.make_train_step(setup.model_def, setup.tx,
-                            cfg.optim.label_smoothing, cfg.optim.z_loss),
+                            cfg.optim.label_smoothing, cfg.optim.z_loss,
+                            packed=bool(cfg.data.pack), loss_chunk_size=chunk),
       in_shardings=(shardings, batch_sharding),
       out_shardings=(shardings, replicated), donate_argnums=0)
-  eval_step = jax.jit(steps.make_eval_step(setup.model_def),
-                      in_shardings=(shardings['params'], batch_sharding),
-                      out_shardings=replicated)
+  # Evaluation batches are never packed (see data.pipeline).
+  eval_step = _traced_under(mesh, jax.jit(
+      steps.make_eval_step(setup.model_def, packed=False,
+                           loss_chunk_size=chunk),
+      in_shardings=(shardings['params'], batch_sharding),
+      out_shardings=replicated))
 
   writer = MetricWriter(workdir, enabled=main)
   preemption = Preemption()
@@ -248,8 +266,9 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
       if compiled is None:
-        compiled, rates.compile_s = perf.compile_timed(train_step, state,
-                                                       batch)
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+          compiled, rates.compile_s = perf.compile_timed(train_step, state,
+                                                         batch)
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
         # Before the first step, so a refusal never follows a new save.
         log(memory.after_compile(compiled, budget, footprint))

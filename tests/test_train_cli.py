@@ -103,6 +103,24 @@ def test_restore_onto_another_mesh(tmp_path, data_dir):
                                metrics(straight)[step]['loss'], rtol=1e-5)
 
 
+def test_scan_remat_and_chunked_loss_train_like_the_plain_step(tmp_path,
+                                                               data_dir):
+  """Scanned layers, remat and the chunked loss change memory and compile
+  time, not the losses; a run resumes across layer layouts."""
+  flags = ['--config.log_every=1', '--config.model.dropout_rate=0',
+           '--config.eval_every=100', '--config.checkpoint_every=2']
+  scale = ['--config.model.scan_layers=True', '--config.model.remat=dots',
+           '--config.loss_chunk_size=96']
+  plain, scaled = tmp_path / 'plain', tmp_path / 'scaled'
+  train(plain, data_dir, '--config.num_steps=4', *flags)
+  train(scaled, data_dir, '--config.num_steps=2', *flags, *scale)
+  out = train(scaled, data_dir, '--config.num_steps=4', *flags)
+  assert 'Resumed from step 2' in out
+  for step in (1, 2, 3, 4):
+    np.testing.assert_allclose(metrics(scaled)[step]['loss'],
+                               metrics(plain)[step]['loss'], rtol=1e-5)
+
+
 def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path, data_dir):
   work = tmp_path / 'w'
   proc = train(work, data_dir, '--config.num_steps=100000',
