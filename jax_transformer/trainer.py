@@ -186,6 +186,21 @@ def sample(setup, params, tokenizer, cfg) -> str:
   return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
+def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
+                   mesh, shardings):
+  """The run's train step, jitted for its state shardings and mesh (the
+  state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
+  that the activation constraints apply."""
+  return jax.jit(
+      steps.make_train_step(setup.model_def, setup.tx,
+                            cfg.optim.label_smoothing, cfg.optim.z_loss,
+                            packed=bool(cfg.data.pack),
+                            loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings, sharding.batch_sharding(mesh)),
+      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+      donate_argnums=0)
+
+
 def _traced_under(mesh, jitted):
   """jitted, traced with mesh in context, so that the models' activation
   sharding constraints (``sharding.constrain``) apply."""
@@ -241,17 +256,11 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
 
   replicated = NamedSharding(mesh, PartitionSpec())
   batch_sharding = sharding.batch_sharding(mesh)
-  chunk = cfg.get('loss_chunk_size') or 0
-  train_step = jax.jit(
-      steps.make_train_step(setup.model_def, setup.tx,
-                            cfg.optim.label_smoothing, cfg.optim.z_loss,
-                            packed=bool(cfg.data.pack), loss_chunk_size=chunk),
-      in_shardings=(shardings, batch_sharding),
-      out_shardings=(shardings, replicated), donate_argnums=0)
+  train_step = jit_train_step(cfg, setup, mesh, shardings)
   # Evaluation batches are never packed (see data.pipeline).
   eval_step = _traced_under(mesh, jax.jit(
       steps.make_eval_step(setup.model_def, packed=False,
-                           loss_chunk_size=chunk),
+                           loss_chunk_size=cfg.get('loss_chunk_size') or 0),
       in_shardings=(shardings['params'], batch_sharding),
       out_shardings=replicated))
 

@@ -41,6 +41,11 @@ except ImportError:  # Run from a checkout without installing the package.
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline')
 
 
+def gpu_items() -> tuple[str, ...]:
+  from jax_transformer.bench import gpu  # pylint: disable=g-import-not-at-top
+  return tuple(gpu.ITEMS)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
@@ -52,10 +57,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                  'https://github.com/karpathy/nanoGPT')
   p.add_argument('--steps', type=int, default=600,
                  help='nanogpt: training steps of each side')
-  p.add_argument('--gpu_items', default='gpt2_124m,gpt2_350m,'
-                 'transformer_base', help='gpu: comma-separated items')
-  p.add_argument('--seconds_per_item', type=float, default=80,
-                 help='gpu: time limit of each item, compile included')
+  p.add_argument('--gpu_items', default=','.join(gpu_items()),
+                 help='gpu: comma-separated items')
+  p.add_argument('--seconds_per_item', type=float, default=42,
+                 help='gpu: time limit of each item, compile included '
+                 '(the seven default items fit in 5 minutes)')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:

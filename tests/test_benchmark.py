@@ -85,3 +85,21 @@ def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   assert row['mfu_vs_matmul'] == pytest.approx(
       row['model_tflops_per_s'] / row['matmul_tflops_per_s'])
   assert 'mfu' not in row  # no built-in peak for a CPU
+
+
+def test_gpu_suite_scaling_options_run_on_any_backend(monkeypatch):
+  """The scaled items' options (auto attention, lengths, chunked loss,
+  scan, remat) measure on a tiny model; every item names known fields."""
+  from jax_transformer.bench import gpu
+  from jax_transformer.config import ModelConfig
+  for item in gpu.ITEMS.values():
+    ModelConfig(**item['fields'])  # a misspelt option fails here
+  tiny = dict(vocab_size=64, d_model=32, num_heads=2, num_decoder_layers=2,
+              d_ff=64, max_len=16)
+  monkeypatch.setitem(gpu.ITEMS, 'tiny_scaled', dict(
+      gpu.ITEMS['gpt2_350m_scan_dots'],
+      fields=dict(gpu.ITEMS['gpt2_350m_scan_dots']['fields'], **tiny),
+      batch=2, seq=16, loss_chunk_size=8))
+  row = gpu.measure('tiny_scaled', steps=2, seconds=5.0)
+  assert row['timed_steps'] == 2
+  assert row['options']['scan_layers'] and not row['options']['packed']

@@ -1,8 +1,11 @@
 """bf16 training throughput and MFU on one accelerator, each item time-boxed.
 
-Items: a GPT-2 small shaped decoder LM (124M, T=1024), a ~350M decoder LM
-(GPT-2 medium's shape) and the paper's base encoder-decoder with about 25k
-source + 25k target tokens a step. Each runs in its own subprocess under a
+Items: a GPT-2 small shaped decoder LM (124M, T=1024) and a ~350M decoder
+LM (GPT-2 medium's shape), each plain (XLA attention with segment masks)
+and with the scaling options (cuDNN attention by 'auto' with lengths, the
+chunked loss, scanned layers with remat; the 350M also at batch 32 with
+full remat), and the paper's base encoder-decoder with about 25k source +
+25k target tokens a step. Each runs in its own subprocess under a
 time limit (a hung compile costs one item, not the loan), with a persistent
 compilation cache so that a second run skips compiling. Parameters stay
 float32 and matmuls run in bfloat16 (``dtype='bfloat16'``), no dropout in
@@ -21,11 +24,27 @@ import subprocess
 import sys
 import time
 
+_350M = dict(d_model=1024, num_heads=16, num_decoder_layers=24, d_ff=4096)
+# The options of the "Scaling up" README section, each against the plain
+# step: attention as XLA with segment masks vs 'auto' (cuDNN) with lengths,
+# the chunked loss, scanned layers and remat.
+_PLAIN = dict(attention_implementation='xla')
+_FUSED = dict(attention_implementation='auto')
+_SCAN = dict(_FUSED, scan_layers=True, remat='dots')
 ITEMS = {
-    'gpt2_124m': dict(kind='lm', fields=dict(), batch=16, seq=1024),
-    'gpt2_350m': dict(kind='lm', fields=dict(d_model=1024, num_heads=16,
-                                             num_decoder_layers=24,
-                                             d_ff=4096), batch=8, seq=1024),
+    'gpt2_124m': dict(kind='lm', fields=_PLAIN, batch=16, seq=1024),
+    'gpt2_124m_fused': dict(kind='lm', fields=_FUSED, batch=16, seq=1024,
+                            packed=False, loss_chunk_size=4096),
+    'gpt2_124m_scan_dots': dict(kind='lm', fields=_SCAN, batch=16, seq=1024,
+                                packed=False, loss_chunk_size=4096),
+    'gpt2_350m': dict(kind='lm', fields=dict(_350M, **_PLAIN), batch=8,
+                      seq=1024),
+    'gpt2_350m_scan_dots': dict(kind='lm', fields=dict(_350M, **_SCAN),
+                                batch=8, seq=1024, packed=False,
+                                loss_chunk_size=4096),
+    'gpt2_350m_scan_full_b32': dict(
+        kind='lm', fields=dict(_350M, **dict(_SCAN, remat='full')),
+        batch=32, seq=1024, packed=False, loss_chunk_size=4096),
     'transformer_base': dict(kind='encdec', fields=dict(), batch=96,
                              seq=256),
 }
@@ -58,9 +77,11 @@ def measure(name: str, steps: int, seconds: float) -> dict:
   tx = optax.adamw(1e-4)
   state = experiment.train_state(params, tx)
   batch = jax.device_put(make_batch(case))
-  train, compile_s = perf.compile_timed(
-      jax.jit(steps_lib.make_train_step(model_def, tx), donate_argnums=0),
-      state, batch)
+  step = steps_lib.make_train_step(
+      model_def, tx, packed=item.get('packed', True),
+      loss_chunk_size=item.get('loss_chunk_size', 0))
+  train, compile_s = perf.compile_timed(jax.jit(step, donate_argnums=0),
+                                        state, batch)
   for _ in range(2):
     state, metrics = train(state, batch)
   jax.block_until_ready(metrics)
@@ -77,6 +98,8 @@ def measure(name: str, steps: int, seconds: float) -> dict:
   tokens = item['batch'] * (item['seq'] + src_len)
   stats = device.memory_stats() or {}
   row = dict(suite='gpu', model=name, device=device.device_kind,
+             options=dict(item['fields'], packed=item.get('packed', True),
+                          loss_chunk_size=item.get('loss_chunk_size', 0)),
              batch=item['batch'], seq=item['seq'], src_len=src_len,
              params_m=sum(v.size for v in params.values()) / 1e6,
              compile_s=compile_s, timed_steps=done, step_s=step_s,
@@ -91,10 +114,10 @@ def measure(name: str, steps: int, seconds: float) -> dict:
   return row
 
 
-def run(items=tuple(ITEMS), steps: int = 20, seconds_per_item: float = 80,
+def run(items=tuple(ITEMS), steps: int = 20, seconds_per_item: float = 42,
         cache_dir: str | None = None) -> list[dict]:
-  """Each item in a subprocess with a time limit; a failed or timed-out item
-  gives a row saying so."""
+  """Each item in a subprocess with a time limit (all seven default items
+  within 5 minutes); a failed or timed-out item gives a row saying so."""
   env = dict(os.environ)
   # The directory train.py caches in by default.
   env['JAX_COMPILATION_CACHE_DIR'] = cache_dir or os.path.expanduser(
