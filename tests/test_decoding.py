@@ -139,10 +139,10 @@ def test_cached_steps_follow_a_rank_sensitive_chooser():
 
 def test_repeated_calls_with_the_same_shapes_do_not_recompile():
   greedy_tokens('lm-pre')
-  before = decoding._generate_jit._cache_size()
+  before = decoding.loop.generate_jit._cache_size()
   other = jt.DecoderLM(LM, nnx.Rngs(5))           # new weights, same shapes
   out = generate(other, PROMPTS[::-1].copy(), max_new_tokens=N, eos_id=7)
-  assert decoding._generate_jit._cache_size() == before
+  assert decoding.loop.generate_jit._cache_size() == before
   assert out.tokens.shape == (3, N)
 
 
@@ -496,15 +496,15 @@ def bad_calls():
 @pytest.mark.parametrize('case', list(bad_calls()))
 def test_bad_input_is_one_clear_sentence_before_compiling(case):
   call, fragment = bad_calls()[case]
-  sizes = (decoding._generate_jit._cache_size(),
-           decoding._beam_search_jit._cache_size())
+  sizes = (decoding.loop.generate_jit._cache_size(),
+           decoding.beam.beam_search_jit._cache_size())
   with pytest.raises((ValueError, TypeError)) as info:
     call()
   message = str(info.value)
   assert fragment in message
   assert '\n' not in message and message.endswith('.')
-  assert sizes == (decoding._generate_jit._cache_size(),
-                   decoding._beam_search_jit._cache_size())
+  assert sizes == (decoding.loop.generate_jit._cache_size(),
+                   decoding.beam.beam_search_jit._cache_size())
 
 
 def test_default_beam_length_is_input_plus_50_capped_by_learned_positions():

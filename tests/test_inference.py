@@ -63,21 +63,21 @@ def test_plan_batches_groups_longest_first_within_size_and_fit():
     (['ab'], {'sampler': decoding.Sampler(0.5)}, 'needs a key'),
 ])
 def test_bad_texts_are_refused_before_compiling(texts, kwargs, fragment):
-  sizes = (decoding._generate_jit._cache_size(),
-           decoding._beam_search_jit._cache_size())
+  sizes = (decoding.loop.generate_jit._cache_size(),
+           decoding.beam.beam_search_jit._cache_size())
   with pytest.raises(ValueError, match=fragment):
     inference.decode_texts(model('lm-post'), TOK, texts, **kwargs)
-  assert sizes == (decoding._generate_jit._cache_size(),
-                   decoding._beam_search_jit._cache_size())
+  assert sizes == (decoding.loop.generate_jit._cache_size(),
+                   decoding.beam.beam_search_jit._cache_size())
 
 
 def test_batches_share_one_program_and_match_unpadded_rows():
   lm, texts = model('lm-pre'), ['abc', '', 'abcd', 'ab']
-  before = decoding._generate_jit._cache_size()
+  before = decoding.loop.generate_jit._cache_size()
   got = inference.decode_texts(lm, TOK, texts, batch_size=2,
                                max_new_tokens=4)
   # [abcd, abc] and [ab, ab (filler)]: both padded to [2, 8].
-  assert decoding._generate_jit._cache_size() - before <= 1
+  assert decoding.loop.generate_jit._cache_size() - before <= 1
   assert got[1] == ''
   for text, out in zip(texts, got):
     if text:

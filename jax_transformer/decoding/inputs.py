@@ -1,0 +1,211 @@
+"""Checking and placing decoding inputs, on the host before anything
+compiles: ids and masks, special ids, lengths, and the mesh the batch is
+sharded over."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_transformer.models import DecoderLM, EncoderDecoder
+
+Array = jax.Array
+
+
+def concrete(x) -> np.ndarray | None:
+  """The host value of x, or None when x is traced (values not known)."""
+  if isinstance(x, jax.core.Tracer):
+    return None
+  return np.asarray(x)
+
+
+def ids_and_mask(name: str, ids, mask, pad_id: int,
+                  vocab_size: int) -> tuple[Array, Array]:
+  """Checked ids [B, T] int32 and mask [B, T] bool (default ids != pad)."""
+  if not hasattr(ids, 'shape'):
+    ids = np.asarray(ids)
+  if ids.ndim != 2:
+    raise ValueError(f'{name} must be 2-D [batch, length]; got shape '
+                     f'{tuple(ids.shape)} (use ids[None] for one sequence).')
+  if ids.shape[0] == 0 or ids.shape[1] == 0:
+    raise ValueError(f'{name} is empty (shape {tuple(ids.shape)}); give at '
+                     'least one sequence of at least one token.')
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f'{name} must hold integer token ids, got dtype '
+                     f'{ids.dtype}.')
+  mask_name = name.replace('ids', 'mask')
+  if mask is None:
+    mask = ids != pad_id
+  else:
+    if not hasattr(mask, 'shape'):
+      mask = np.asarray(mask)
+    if tuple(mask.shape) != tuple(ids.shape):
+      raise ValueError(f'{mask_name} has shape {tuple(mask.shape)} but '
+                       f'{name} has shape {tuple(ids.shape)}.')
+  host_ids, host_mask = concrete(ids), concrete(mask)
+  if host_ids is not None and host_mask is not None:
+    host_mask = host_mask.astype(bool)
+    empty = np.flatnonzero(~host_mask.any(axis=1))
+    if empty.size:
+      raise ValueError(f'Row {empty[0]} of {name} has no real tokens (empty '
+                       f'input); every row needs at least one token that is '
+                       f'not pad_id={pad_id} (or True in {mask_name}).')
+    real = host_ids[host_mask]
+    bad = real[(real < 0) | (real >= vocab_size)]
+    if bad.size:
+      raise ValueError(f'{name} holds token id {int(bad[0])}, outside the '
+                       f"model's vocabulary [0, {vocab_size}).")
+  return jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
+
+
+def check_id(name: str, value, vocab_size: int, optional: bool = False):
+  if value is None and optional:
+    return
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or not 0 <= value < vocab_size):
+    raise ValueError(f'{name}={value!r} must be a token id in [0, '
+                     f'{vocab_size}){" or None" if optional else ""}.')
+
+
+def check_positive(name: str, value) -> int:
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or value < 1):
+    raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+  return int(value)
+
+
+class Inputs(NamedTuple):
+  prompt: Array          # [B, T] int32
+  prompt_mask: Array     # [B, T] bool
+  src: Array | None      # [B, S] int32 (EncoderDecoder only)
+  src_mask: Array | None
+
+
+def prepare(model, prompt_ids, prompt_mask, src_ids, src_mask, *,
+             pad_id: int, bos_id: int, eos_id: int | None) -> Inputs:
+  """Checks everything about the inputs that can be known before tracing."""
+  if not isinstance(model, (EncoderDecoder, DecoderLM)):
+    raise TypeError('model must be a jax_transformer EncoderDecoder or '
+                    f'DecoderLM, got {type(model).__name__}.')
+  vocab = model.config.vocab_size
+  check_id('pad_id', pad_id, vocab)
+  check_id('bos_id', bos_id, vocab)
+  check_id('eos_id', eos_id, vocab, optional=True)
+  src = None
+  if isinstance(model, EncoderDecoder):
+    if src_ids is None:
+      raise ValueError('An EncoderDecoder needs src_ids [batch, source '
+                       'length], the sentences to translate.')
+    src, src_mask = ids_and_mask('src_ids', src_ids, src_mask, pad_id, vocab)
+    if prompt_ids is None:
+      if prompt_mask is not None:
+        raise ValueError('prompt_mask was given without prompt_ids.')
+      prompt_ids = np.full((src.shape[0], 1), bos_id, np.int32)
+  else:
+    if src_ids is not None or src_mask is not None:
+      raise ValueError('A DecoderLM has no source: pass the text to continue '
+                       'as prompt_ids, not src_ids.')
+    if prompt_ids is None:
+      raise ValueError('A DecoderLM needs prompt_ids [batch, length] with at '
+                       'least one token per row (e.g. BOS).')
+  prompt, prompt_mask = ids_and_mask('prompt_ids', prompt_ids, prompt_mask,
+                                      pad_id, vocab)
+  if src is not None and src.shape[0] != prompt.shape[0]:
+    raise ValueError(f'src_ids has {src.shape[0]} rows but prompt_ids has '
+                     f'{prompt.shape[0]}; give one target prefix per source.')
+  for name, ids in (('src_ids', src), ('prompt_ids', prompt)):
+    if ids is not None and ids.shape[1] > model.config.max_len:
+      raise ValueError(f'{name} has length {ids.shape[1]}, longer than the '
+                       f"model's max_len={model.config.max_len}.")
+  return Inputs(prompt, prompt_mask, src, src_mask)
+
+
+def check_total_length(model, prompt_len: int, new_tokens: int,
+                        new_name: str) -> None:
+  max_len = model.config.max_len
+  if model.config.positional == 'learned' and prompt_len + new_tokens > max_len:
+    raise ValueError(
+        f'The prompt (padded to {prompt_len} tokens) plus {new_name}='
+        f"{new_tokens} exceeds the model's max_len={max_len} (learned "
+        'positions); shorten one of them.')
+
+
+def resolve_mesh(mesh: Mesh | None, batch_size: int) -> Mesh | None:
+  """The mesh to shard the batch over (None: no sharding), Auto-typed.
+
+  Decoding lets XLA propagate shardings from the batch and the parameters,
+  so the mesh is used with Auto axis types whatever the caller's types.
+  """
+  if mesh is None:
+    mesh = jax.sharding.get_mesh()
+    if mesh.empty:
+      return None
+  if 'data' not in mesh.axis_names:
+    raise ValueError(f"The mesh has axes {mesh.axis_names}; decoding shards "
+                     "the batch over an axis named 'data'.")
+  data = mesh.shape['data']
+  if batch_size % data:
+    raise ValueError(f'Batch size {batch_size} is not divisible by the '
+                     f"mesh's 'data' axis ({data}); pad the batch.")
+  if any(t != AxisType.Auto for t in mesh.axis_types):
+    mesh = Mesh(mesh.devices, mesh.axis_names,
+                axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+  return mesh
+
+
+def batch_spec(ndim: int) -> P:
+  return P('data', *([P.UNCONSTRAINED] * (ndim - 1)))
+
+
+def place(tree, mesh: Mesh | None):
+  """Puts batch arrays (leading axis B) on the mesh, sharded over 'data'."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(
+      lambda x: jax.device_put(x, NamedSharding(mesh, P('data'))), tree)
+
+
+def place_state(state, mesh: Mesh | None):
+  """Parameters as given, made usable on the mesh.
+
+  One placed on the mesh's devices keeps its partition spec (moved to the
+  Auto-typed twin of an Explicit mesh: same devices and layout, no data
+  moves); one committed elsewhere (e.g. restored onto one device) is
+  replicated over the mesh. Uncommitted ones are left for jit to place.
+  """
+  if mesh is None:
+    return state
+  devices = set(mesh.devices.flat)
+
+  def place(x):
+    sharding = getattr(x, 'sharding', None)
+    if sharding is None or not getattr(x, 'committed', True):
+      return x
+    if set(sharding.device_set) != devices:
+      return jax.device_put(x, NamedSharding(mesh, P()))
+    if (isinstance(sharding, NamedSharding)
+        and sharding.mesh.axis_types != mesh.axis_types
+        and sharding.mesh.axis_names == mesh.axis_names):
+      return jax.device_put(x, NamedSharding(mesh, sharding.spec))
+    return x
+
+  return jax.tree.map(place, state)
+
+
+def constrain(tree, mesh: Mesh | None):
+  """Keeps batch-leading arrays sharded over 'data' inside the loop."""
+  if mesh is None:
+    return tree
+
+  def f(x):
+    if x.ndim == 0:
+      return x
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, batch_spec(x.ndim)))
+
+  return jax.tree.map(f, tree)

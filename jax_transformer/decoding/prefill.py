@@ -1,0 +1,33 @@
+"""The prompt's pass: an empty cache (the source encoded once for an
+encoder-decoder), then the whole prompt in one ``model.extend``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_transformer.attention import KVCache
+from jax_transformer.decoding.inputs import Inputs, constrain
+from jax_transformer.models import DecoderLM, EncoderDecoder
+
+Array = jax.Array
+Model = EncoderDecoder | DecoderLM
+
+
+def start(model: Model, inputs: Inputs, cache_len: int) -> KVCache:
+  """An empty cache; for the encoder-decoder, the source encoded once."""
+  if isinstance(model, EncoderDecoder):
+    memory = model.encode(inputs.src, inputs.src_mask)
+    return model.init_cache(memory, inputs.src_mask, cache_len)
+  return model.init_cache(inputs.prompt.shape[0], cache_len)
+
+
+def prefill(model: Model, inputs: Inputs, cache_len: int, mesh):
+  """Runs the whole prompt at once: (logits after its last real token
+  [B, V] float32, cache)."""
+  cache = constrain(start(model, inputs, cache_len), mesh)
+  logits, cache = model.extend(inputs.prompt, cache, inputs.prompt_mask)
+  b, t = inputs.prompt.shape
+  # The last True of each mask row (any padding pattern).
+  last = t - 1 - jnp.argmax(inputs.prompt_mask[:, ::-1], axis=1)
+  return logits[jnp.arange(b), last], constrain(cache, mesh)
