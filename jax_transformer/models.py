@@ -133,13 +133,17 @@ class _Transformer(nnx.Module):
     raise NotImplementedError
 
   def extend(self, ids: Array, cache: KVCache, mask: Array | None = None,
-             positions: Array | None = None) -> tuple[Array, KVCache]:
+             positions: Array | None = None,
+             logits_at: Array | None = None) -> tuple[Array, KVCache]:
     """Runs new tokens against the cache: a whole prompt, or one step.
 
     ids [B, T] go into cache slots [index, index + T); mask [B, T] marks real
     tokens (False for a short prompt's padding). Positions default to the
     number of real tokens already cached plus those before in ``ids``.
-    Returns (logits [B, T, V] float32, the updated cache).
+    logits_at [B] int: the head runs only at these positions of ``ids``
+    (a prefill needs the last real token's logits, not T x V of them).
+    Returns (logits [B, T, V] float32, or [B, 1, V] with logits_at; the
+    updated cache).
     """
     b, t = ids.shape
     if mask is None:
@@ -168,6 +172,8 @@ class _Transformer(nnx.Module):
                         cache_index=cache.index)
       keys.append(k)
       values.append(v)
+    if logits_at is not None:
+      x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
     norm = self._decoder_norm()
     if norm is not None:
       x = norm(x)

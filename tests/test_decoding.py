@@ -169,7 +169,20 @@ def truncate_at(tokens, eos):
   return out, np.array(lengths)
 
 
-def test_each_sequence_stops_at_its_own_eos_and_the_loop_exits_early():
+@pytest.fixture
+def chunk_of(monkeypatch):
+  """Sets the decoding loop's chunk size (it is read when the loop is
+  traced, so the jit caches are cleared around the change)."""
+  def set_chunk(size):
+    decoding.loop.generate_jit.clear_cache()
+    monkeypatch.setattr(decoding.loop, 'CHUNK', size)
+  yield set_chunk
+  decoding.loop.generate_jit.clear_cache()
+
+
+def test_each_sequence_stops_at_its_own_eos_and_the_loop_exits_early(
+    chunk_of):
+  chunk_of(1)  # "all finished?" after every step: exits at the exact step
   m = model('lm-pre')
   run = functools.partial(generate, m, max_new_tokens=N,
                           sampler=counting_greedy, key=jax.random.key(0))
@@ -203,6 +216,31 @@ def test_each_sequence_stops_at_its_own_eos_and_the_loop_exits_early():
   want, lengths = truncate_at(free[[2, 2, 2]], eos)
   np.testing.assert_array_equal(out.tokens, want)
   assert len(STEPS) == lengths.max() < N
+
+
+@pytest.mark.parametrize('chunk', [2, 4, 16])
+def test_chunks_give_the_same_tokens_and_stop_at_a_chunk_boundary(chunk,
+                                                                  chunk_of):
+  """The fixed-trip chunks overrun the last useful step by less than a
+  chunk, and change no returned token or length."""
+  m = model('lm-pre')
+  free = np.asarray(greedy_tokens('lm-pre'))
+  row = free[2]
+  eos = int(row[2])  # row 2 ends at its third token
+  chunk_of(1)
+  want = generate(m, PROMPTS, max_new_tokens=N, eos_id=eos)
+  chunk_of(chunk)
+  STEPS.clear()
+  got = generate(m, PROMPTS[[2, 2]], max_new_tokens=N, eos_id=eos,
+                 sampler=counting_greedy, key=jax.random.key(0))
+  jax.effects_barrier()
+  np.testing.assert_array_equal(got.tokens, np.asarray(want.tokens)[[2, 2]])
+  np.testing.assert_array_equal(got.lengths, np.asarray(want.lengths)[[2, 2]])
+  step = min(chunk, N - 1)
+  assert len(STEPS) == 1 + step * -(-(int(got.lengths.max()) - 1) // step)
+  got_all = generate(m, PROMPTS, max_new_tokens=N, eos_id=eos)
+  np.testing.assert_array_equal(got_all.tokens, want.tokens)
+  np.testing.assert_array_equal(got_all.lengths, want.lengths)
 
 
 # ----------------------------------------------------------------------------

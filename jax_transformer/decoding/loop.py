@@ -19,28 +19,59 @@ Array = jax.Array
 TokenChooser = Callable[[Array, Array], Array]
 
 
+# New tokens per fixed-trip inner loop. The "all finished?" test runs
+# between chunks only: a data-dependent loop condition costs XLA:GPU a
+# device-to-host copy and a wait per iteration, a fixed trip count does not.
+# A chunk may run up to CHUNK - 1 steps past the last useful one.
+CHUNK = 16
+
+
+def chunk_size(steps: int) -> int:
+  return max(1, min(CHUNK, steps))
+
+
+def in_chunks(body: Callable, carry, first: int, last: int, chunk: int,
+              more: Callable):
+  """Runs ``carry = body(i, carry)`` for i = first, first + 1, ... in
+  fixed-trip chunks of ``chunk`` steps, while i < last and ``more(carry)``
+  (both checked between chunks). Steps past ``last - 1`` in the final chunk
+  run too: ``body`` must make them harmless."""
+
+  def chunk_body(state):
+    i, carry = state
+    carry = jax.lax.fori_loop(0, chunk, lambda j, c: body(i + j, c), carry)
+    return i + chunk, carry
+
+  def cond(state):
+    i, carry = state
+    return (i < last) & more(carry)
+
+  return jax.lax.while_loop(cond, chunk_body, (jnp.int32(first), carry))[1]
+
+
 @functools.partial(jax.jit, static_argnames=(
     'graphdef', 'max_new_tokens', 'sampler', 'mesh'))
 def generate_jit(graphdef, state, inputs: Inputs, key: Array,
-                  eos_id: Array, pad_id: Array, *, max_new_tokens: int,
-                  sampler: TokenChooser, mesh: Mesh | None):
+                 eos_id: Array, pad_id: Array, *, max_new_tokens: int,
+                 sampler: TokenChooser, mesh: Mesh | None):
   # eos_id -1 (no EOS) matches no token.
   model = nnx.merge(graphdef, state)
   b, t = inputs.prompt.shape
   n = max_new_tokens
-  # The last new token is never fed back, so it needs no slot.
+  chunk = chunk_size(n - 1)
+  # Room for the final chunk's overrun; sliced off at the end.
+  width = 1 + chunk * -(-(n - 1) // chunk)
+  # The last new token is never fed back, so it needs no slot. Overrun
+  # steps write past the cache's end (clamped onto its last slot) after
+  # every returned token is final, which is harmless.
   logits, cache = prefill(model, inputs, t + n - 1, mesh)
   first = sampler(logits, jax.random.fold_in(key, 0)).astype(jnp.int32)
-  tokens = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(first)
+  tokens = jnp.full((b, width), pad_id, jnp.int32).at[:, 0].set(first)
   done = first == eos_id
   lengths = jnp.where(done, 1, n).astype(jnp.int32)
 
-  def cond(carry):
-    i, _, done, _, _ = carry
-    return (i < n) & ~jnp.all(done)
-
-  def body(carry):
-    i, tokens, done, lengths, cache = carry
+  def step(i, carry):
+    tokens, done, lengths, cache = carry
     previous = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
     logits, cache = model.extend(previous, cache)
     token = sampler(logits[:, 0], jax.random.fold_in(key, i)).astype(
@@ -48,12 +79,12 @@ def generate_jit(graphdef, state, inputs: Inputs, key: Array,
     token = jnp.where(done, pad_id, token)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], i,
                                                  axis=1)
-    ended = ~done & (token == eos_id)
+    ended = ~done & (token == eos_id) & (i < n)
     lengths = jnp.where(ended, i + 1, lengths)
-    done = done | ended
-    return (i + 1, constrain(tokens, mesh), done, lengths,
+    return (constrain(tokens, mesh), done | ended, lengths,
             constrain(cache, mesh))
 
-  carry = (jnp.int32(1), constrain(tokens, mesh), done, lengths, cache)
-  _, tokens, _, lengths, _ = jax.lax.while_loop(cond, body, carry)
-  return Generation(tokens, lengths)
+  carry = (constrain(tokens, mesh), done, lengths, cache)
+  tokens, _, lengths, _ = in_chunks(step, carry, 1, n, chunk,
+                                    lambda c: ~jnp.all(c[1]))
+  return Generation(tokens[:, :n], lengths)

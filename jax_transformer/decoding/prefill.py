@@ -24,10 +24,11 @@ def start(model: Model, inputs: Inputs, cache_len: int) -> KVCache:
 
 def prefill(model: Model, inputs: Inputs, cache_len: int, mesh):
   """Runs the whole prompt at once: (logits after its last real token
-  [B, V] float32, cache)."""
+  [B, V] float32, cache). The head runs at that one position per row."""
   cache = constrain(start(model, inputs, cache_len), mesh)
-  logits, cache = model.extend(inputs.prompt, cache, inputs.prompt_mask)
-  b, t = inputs.prompt.shape
+  t = inputs.prompt.shape[1]
   # The last True of each mask row (any padding pattern).
   last = t - 1 - jnp.argmax(inputs.prompt_mask[:, ::-1], axis=1)
-  return logits[jnp.arange(b), last], constrain(cache, mesh)
+  logits, cache = model.extend(inputs.prompt, cache, inputs.prompt_mask,
+                               logits_at=last)
+  return logits[:, 0], constrain(cache, mesh)
