@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_transformer.config import ModelConfig
@@ -63,12 +64,13 @@ def implementation(config: ModelConfig, dtype) -> str | None:
 class KVCache(NamedTuple):
   """Decoding state, passed into the model and returned (a plain pytree).
 
-  keys, values:  per decoder layer, [B, S_max, K, H]: self-attention
-                 keys/values written slot by slot.
+  keys, values:  per decoder layer, [B, K, S_max, H]: self-attention
+                 keys/values written slot by slot (slots after heads, so
+                 attention reads them without a transpose).
   valid:         [B, S_max] bool, True where a slot holds a real token (a
                  prompt's padding slots stay False and are never attended).
   index:         int32 scalar, the next slot to write (same for the batch).
-  cross_keys, cross_values: per decoder layer, [B, S, K, H]: the encoder
+  cross_keys, cross_values: per decoder layer, [B, K, S, H]: the encoder
                  memory projected once per source (empty for decoder-only).
   memory_mask:   [B, S] bool source padding mask (None for decoder-only).
   """
@@ -85,10 +87,42 @@ class KVCache(NamedTuple):
     return self.valid.shape[1]
 
 
+def cache_layout(kv: Array) -> Array:
+  """Keys or values [B, S, K, H] as the cache holds them: [B, K, S, H]."""
+  return kv.transpose(0, 2, 1, 3)
+
+
 def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
-  """Writes new [B, T, K, H] into cache_kv [B, S_max, K, H] at slot index."""
+  """Writes new [B, T, K, H] into cache_kv [B, K, S_max, H] at slot index
+  (only the T new rows move)."""
   return jax.lax.dynamic_update_slice_in_dim(
-      cache_kv, new.astype(cache_kv.dtype), index, axis=1)
+      cache_kv, cache_layout(new).astype(cache_kv.dtype), index, axis=2)
+
+
+def cached_context(q: Array, k: Array, v: Array, mask: Array | None
+                   ) -> Array:
+  """softmax(q k^T / sqrt(H)) v over keys and values laid out as the cache
+  holds them.
+
+  q [B, T, N, H], k and v [B, K, S, H], mask bool broadcastable to
+  [B, 1, T, S] -> [B, T, N, H]. With S after K, both products are plain
+  batched matmuls over (B, K): a [B, S, K, H] cache costs XLA a transpose
+  of every layer's whole cache per decoded token. The arithmetic is that
+  of jax.nn.dot_product_attention's XLA path (scale after the product,
+  softmax in float32, probabilities in the values' dtype).
+  """
+  b, t, n, h = q.shape
+  groups = n // k.shape[1]
+  q = q.reshape(b, t, k.shape[1], groups, h)
+  scores = jnp.einsum('BTKGH,BKSH->BKGTS', q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores * jnp.float32(1.0 / np.sqrt(h))
+  if mask is not None:
+    scores = jnp.where(mask[:, :, None], scores,
+                       jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  ctx = jnp.einsum('BKGTS,BKSH->BTKGH', probs, v)
+  return ctx.reshape(b, t, n, h)
 
 
 class Attention(nnx.Module):
@@ -162,6 +196,16 @@ class Attention(nnx.Module):
     else:
       ctx = self._attend_with_dropout(
           q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)
+    return self._output(ctx)
+
+  def attend_cache(self, q: Array, k: Array, v: Array,
+                   mask: Array | None) -> Array:
+    """Like :meth:`attend` (deterministic) over a cache's keys and values
+    [B, K, S, H] (see :func:`cached_context`) -> [B, T, D]."""
+    return self._output(cached_context(q, k, v, mask))
+
+  def _output(self, ctx: Array) -> Array:
+    """The output projection: ctx [B, T, N, H] -> [B, T, D]."""
     ctx = constrain(ctx, ('batch', 'length', 'heads', 'head_dim'))
     dtype = self.config.compute_dtype
     y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),

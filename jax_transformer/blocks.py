@@ -96,27 +96,31 @@ class DecoderLayer(_Layer):
 
     x [B, T, D]; mask [B|1, 1, T, T or S_max] for self-attention;
     positions [B, T]; memory_kv: cross-attention (keys, values), each
-    [B, S, K, H]; memory_mask [B|1, 1, T|1, S]; cache_kv: this layer's
-    cached (keys, values) [B, S_max, K, H], written at slot cache_index.
+    [B, S, K, H] ([B, K, S, H] as the cache holds them when cache_kv is
+    given); memory_mask [B|1, 1, T|1, S]; cache_kv: this layer's cached
+    (keys, values) [B, K, S_max, H], written at slot cache_index.
     Returns (x [B, T, D], updated cache_kv or None).
     """
     new_cache = None
+    cached = cache_kv is not None
 
     def self_attend(h):
       nonlocal new_cache
       q = self.self_attn.project_query(h, positions)
       k, v = self.self_attn.project_kv(h, positions)
-      if cache_kv is not None:
-        k = write_slots(cache_kv[0], k, cache_index)
-        v = write_slots(cache_kv[1], v, cache_index)
-        new_cache = (k, v)
-      return self.self_attn.attend(q, k, v, mask, rngs, deterministic)
+      if not cached:
+        return self.self_attn.attend(q, k, v, mask, rngs, deterministic)
+      new_cache = (write_slots(cache_kv[0], k, cache_index),
+                   write_slots(cache_kv[1], v, cache_index))
+      return self.self_attn.attend_cache(q, *new_cache, mask)
 
     x = self._residual(x, self.self_attn_norm, self_attend, rngs,
                        deterministic)
     if self.cross_attn is not None:
       def cross_attend(h):
         q = self.cross_attn.project_query(h)
+        if cached:
+          return self.cross_attn.attend_cache(q, *memory_kv, memory_mask)
         return self.cross_attn.attend(q, *memory_kv, memory_mask, rngs,
                                       deterministic)
       x = self._residual(x, self.cross_attn_norm, cross_attend, rngs,

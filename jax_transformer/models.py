@@ -119,7 +119,7 @@ class _Transformer(nnx.Module):
 
   def _empty_cache(self, batch_size: int, max_len: int) -> KVCache:
     c = self.config
-    shape = (batch_size, max_len, c.kv_heads, c.head_dim)
+    shape = (batch_size, c.kv_heads, max_len, c.head_dim)
     zeros = tuple(jnp.zeros(shape, c.compute_dtype)
                   for _ in range(c.num_decoder_layers))
     return KVCache(keys=zeros, values=zeros,
@@ -289,8 +289,9 @@ class EncoderDecoder(_Transformer):
     """
     b, s, _ = memory.shape
     cache = self._empty_cache(b, max_len)
-    cross = [layer.cross_attn.project_kv(memory)
+    cross = [map(attn.cache_layout, layer.cross_attn.project_kv(memory))
              for layer in stack.unrolled(self.decoder_layers)]
+    cross = [tuple(kv) for kv in cross]
     return cache._replace(
         cross_keys=tuple(k for k, _ in cross),
         cross_values=tuple(v for _, v in cross),
