@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
-from jax_transformer.decoding.prefill import prefill
+from jax_transformer.decoding.prefill import prefill, start
 from jax_transformer.decoding.results import BeamResult
 
 Array = jax.Array
@@ -39,6 +39,38 @@ def _gather_beams(x: Array, index: Array) -> Array:
   return jnp.take_along_axis(x, index, axis=1)
 
 
+def _empty_beams(b: int, k: int, n: int, pad_id: Array) -> _Beams:
+  """B sequences, each with one live beam of log-probability 0 (so the
+  first step has no duplicates), K - 1 empty ones and nothing finished."""
+  empty = jnp.full((b, k), -jnp.inf, jnp.float32)
+  return _Beams(
+      alive=jnp.full((b, k, n), pad_id, jnp.int32),
+      alive_logp=empty.at[:, 0].set(0.0),
+      finished=jnp.full((b, k, n), pad_id, jnp.int32),
+      finished_score=empty, finished_len=jnp.zeros((b, k), jnp.int32),
+      done=jnp.zeros((b,), bool))
+
+
+def _settled(finished_score: Array, live_logp: Array, *, alpha: float,
+             max_len: int) -> Array:
+  """[B] bool: no live beam can still enter the K finished hypotheses.
+
+  finished_score [B, K] best first, live_logp [B, K] best first. A live
+  beam's log-probability only falls as it grows, and (alpha >= 0) the
+  penalty only rises with length, so nothing it grows into scores above
+  its log-probability over the penalty at max_len: once the worst of K
+  finished scores reaches that bound for the best live beam, the finished
+  set is final (the bound of T2T, T5X and Flax).
+  """
+  worst = finished_score[:, -1]
+  if finished_score.shape[1] == 1:
+    # One beam is greedy decoding: it ends with its first finished
+    # hypothesis, though with alpha > 0 its runner-up could still win.
+    return worst > -jnp.inf
+  bound = live_logp[:, 0] / length_penalty(max_len, alpha)
+  return (worst > -jnp.inf) & (worst >= bound)
+
+
 def _beam_step(t: int | Array, logp: Array, beams: _Beams, *, beam_size: int,
                alpha: float, max_len: int, eos_id: Array):
   """Extends every live beam by every token and keeps the best.
@@ -48,8 +80,9 @@ def _beam_step(t: int | Array, logp: Array, beams: _Beams, *, beam_size: int,
   log-probability), those among the best K that end with EOS (or all of
   the best K at the last slot) enter the finished set, which keeps the K
   best by penalised score; the K best extensions not ending in EOS live on.
-  A sequence is done once it holds K finished hypotheses (or at the last
-  slot). Returns (new beams, parent beam of each live beam [B, K]).
+  A sequence is done once no live beam can enter its K finished (see
+  ``_settled``), or at the last slot; a done sequence takes no more.
+  Returns (new beams, parent beam of each live beam [B, K]).
   """
   b, k, v = logp.shape
   candidates = (beams.alive_logp[:, :, None] + logp).reshape(b, k * v)
@@ -69,10 +102,12 @@ def _beam_step(t: int | Array, logp: Array, beams: _Beams, *, beam_size: int,
   pool_len = jnp.concatenate(
       [beams.finished_len, jnp.full(new_score.shape, length, jnp.int32)],
       axis=1)
+  # On ties the finished hypotheses come first (lower index): a newcomer
+  # only enters by scoring strictly better.
   finished_score, keep = jax.lax.top_k(pool_score, k)
   live_logp, live = jax.lax.top_k(jnp.where(is_eos, -jnp.inf, top_logp), k)
-  done = (beams.done | (jnp.sum(finished_score > -jnp.inf, axis=1) >= k)
-          | (t == max_len - 1))
+  settled = _settled(finished_score, live_logp, alpha=alpha, max_len=max_len)
+  done = beams.done | settled | (t == max_len - 1)
   new = _Beams(
       alive=_gather_beams(seqs, live), alive_logp=live_logp,
       finished=_gather_beams(pool_seqs, keep), finished_score=finished_score,
@@ -80,21 +115,45 @@ def _beam_step(t: int | Array, logp: Array, beams: _Beams, *, beam_size: int,
   return new, jnp.take_along_axis(parent, live, axis=1)
 
 
-def _reorder_cache(cache: KVCache, parent: Array) -> KVCache:
-  """Self-attention rows [B*K, ...] follow their parent beams [B, K].
+def _slot_axes(empty_cache: Callable[[int], KVCache], slots: int):
+  """Per cache leaf, the axis that holds its slots, or -1 for a leaf
+  without slots (the cross-attention keys/values, the index).
 
-  The cross-attention keys/values are the same for every beam of a
-  sequence, so they are not moved.
+  empty_cache(slots) builds a cache; the axis is where one of a slot more
+  differs in shape, so beam search follows the attention's cache layout
+  instead of restating it.
+  """
+  short, longer = (jax.eval_shape(functools.partial(empty_cache, s))
+                   for s in (slots, slots + 1))
+
+  def differing(a, b):
+    return next((i for i, (m, n) in enumerate(zip(a.shape, b.shape))
+                 if m != n), -1)
+
+  return jax.tree.map(differing, short, longer)
+
+
+def _reorder_cache(cache: KVCache, parent: Array, first: int,
+                   axes) -> KVCache:
+  """Cache rows [B*K, ...] follow their parent beams [B, K] in the slots
+  from ``first`` on (axes: each leaf's slot axis, from ``_slot_axes``).
+
+  Slots before ``first`` hold the prompt, prefilled once per sequence and
+  copied to each of its beams, so they are the same in every beam of a
+  sequence, as are the leaves without slots (the cross-attention
+  keys/values): moving only the new tokens' slots saves copying a long
+  prompt's keys and values every step.
   """
   b, k = parent.shape
 
-  def regroup(x):
-    y = _gather_beams(x.reshape(b, k, *x.shape[1:]), parent)
-    return y.reshape(x.shape)
+  def regroup(x, axis):
+    if axis < 0:
+      return x
+    y = jax.lax.slice_in_dim(x, first, None, axis=axis)
+    y = _gather_beams(y.reshape(b, k, *y.shape[1:]), parent).reshape(y.shape)
+    return jax.lax.dynamic_update_slice_in_dim(x, y, first, axis=axis)
 
-  return cache._replace(keys=tuple(map(regroup, cache.keys)),
-                        values=tuple(map(regroup, cache.values)),
-                        valid=regroup(cache.valid))
+  return jax.tree.map(regroup, cache, axes)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -108,25 +167,18 @@ def beam_search_jit(graphdef, state, inputs: Inputs, eos_id: Array,
   # The prompt is run once per sequence, then its cache copied per beam
   # (cross-attention keys/values included: computed once, repeated).
   logits, cache = prefill(model, inputs, t + n - 1, mesh)
+  axes = _slot_axes(functools.partial(start, model, inputs), t + n - 1)
   cache = jax.tree.map(
       lambda x: x if x.ndim == 0 else jnp.repeat(x, k, axis=0), cache)
   cache = constrain(cache, mesh)
   logp = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.broadcast_to(logp[:, None], (b, k, logp.shape[-1]))
-  empty = jnp.full((b, k), -jnp.inf, jnp.float32)
-  beams = _Beams(
-      alive=jnp.full((b, k, n), pad_id, jnp.int32),
-      # One live beam to start from, so the first step has no duplicates.
-      alive_logp=empty.at[:, 0].set(0.0),
-      finished=jnp.full((b, k, n), pad_id, jnp.int32),
-      finished_score=empty, finished_len=jnp.zeros((b, k), jnp.int32),
-      done=jnp.zeros((b,), bool))
   step = functools.partial(_beam_step, beam_size=k, alpha=alpha, max_len=n,
                            eos_id=eos_id)
 
   def advance(i, beams, parent, cache):
-    """Feeds the live beams' newest tokens: next log-probs [B, K, V]."""
-    cache = _reorder_cache(cache, parent)
+    """Feeds the live beams' tokens at slot i: next log-probs [B, K, V]."""
+    cache = _reorder_cache(cache, parent, t, axes)
     newest = jax.lax.dynamic_slice_in_dim(beams.alive, i, 1, axis=2)
     logits, cache = model.extend(newest.reshape(b * k, 1), cache)
     logp = jax.nn.log_softmax(logits[:, 0], axis=-1).reshape(b, k, -1)
@@ -137,16 +189,16 @@ def beam_search_jit(graphdef, state, inputs: Inputs, eos_id: Array,
     return (i < n) & ~jnp.all(beams.done)
 
   def body(carry):
-    i, beams, logp, cache = carry
+    # Feeding comes before extending, so the loop's own condition decides
+    # whether a step's extensions are fed back: the last step's never are,
+    # and no lax.cond (a host round-trip per step on XLA:GPU) is needed.
+    i, beams, parent, cache = carry
+    logp, cache = advance(i - 1, beams, parent, cache)
     beams, parent = step(i, logp, beams)
-    beams = constrain(beams, mesh)
-    # The last step's extensions are never fed back.
-    logp, cache = jax.lax.cond(
-        (i + 1 < n) & ~jnp.all(beams.done),
-        lambda: advance(i, beams, parent, cache), lambda: (logp, cache))
-    return i + 1, beams, logp, cache
+    return i + 1, constrain(beams, mesh), parent, cache
 
+  beams, parent = step(0, logp, _empty_beams(b, k, n, pad_id))
   _, beams, _, _ = jax.lax.while_loop(
-      cond, body, (jnp.int32(0), constrain(beams, mesh), logp, cache))
+      cond, body, (jnp.int32(1), constrain(beams, mesh), parent, cache))
   return BeamResult(beams.finished[:, 0], beams.finished_score[:, 0],
                     beams.finished_len[:, 0])
