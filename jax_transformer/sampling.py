@@ -30,33 +30,50 @@ def greedy(logits: Array, key: Array | None = None) -> Array:
   return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+def allowed(logits: Array, k: int | None = None,
+            p: float | None = None) -> Array:
+  """The tokens top-k then top-p keep: [B, V] -> [B, V] bool.
+
+  k: keep the k largest logits (ties to the lower id), exactly k per row;
+  None keeps all. p: of those, the nucleus: a token is kept when the
+  probability (renormalised over the k) of the strictly more likely ones,
+  ties ordered by id, is below p, so the most likely token always stays;
+  None keeps all. logits may hold -inf (blocked) entries.
+
+  One ``lax.top_k`` gives the candidates already sorted, so with k set the
+  nucleus is found among k values, not V. With p alone the candidates are
+  the whole vocabulary (a full sort): an exact nucleus has no cheaper bound
+  on how many tokens it holds. Leaving the other V - k tokens out of the
+  softmax and the cumulative sum changes no mask: they would add exp(-inf)
+  = 0 to the one and come after the k in the other (test_sampling checks
+  the tokens against filtering all V logits, bit for bit).
+  """
+  v = logits.shape[-1]
+  count = v if k is None else min(k, v)
+  ordered, index = jax.lax.top_k(logits, count)          # descending [B, C]
+  keep = jnp.ones(ordered.shape, bool)
+  if p is not None:
+    probs = jax.nn.softmax(ordered, axis=-1)
+    keep = jnp.cumsum(probs, axis=-1) - probs < p
+  rows = jnp.arange(logits.shape[0])[:, None]
+  return jnp.zeros(logits.shape, bool).at[rows, index].set(keep)
+
+
 def top_k_mask(logits: Array, k: int) -> Array:
   """True on the k largest logits of each row: [B, V] -> [B, V] bool.
 
   Exactly k per row (k clipped to V); among equal logits the lower id wins,
   so k = 1 keeps exactly the greedy token.
   """
-  v = logits.shape[-1]
-  k = min(k, v)
-  _, index = jax.lax.top_k(logits, k)                       # [B, k]
-  rows = jnp.arange(logits.shape[0])[:, None]
-  return jnp.zeros(logits.shape, bool).at[rows, index].set(True)
+  return allowed(logits, k=k)
 
 
 def top_p_mask(logits: Array, p: float) -> Array:
   """The nucleus: True on the fewest most likely tokens with mass >= p.
 
-  logits [B, V] (blocked entries -inf) -> [B, V] bool. A token is kept when
-  the probability of the strictly more likely tokens (ties ordered by id) is
-  below p, so the most likely token is always kept.
+  logits [B, V] (blocked entries -inf) -> [B, V] bool; see :func:`allowed`.
   """
-  v = logits.shape[-1]
-  ordered, index = jax.lax.top_k(logits, v)                 # descending
-  probs = jax.nn.softmax(ordered, axis=-1)
-  before = jnp.cumsum(probs, axis=-1) - probs
-  keep_ordered = before < p
-  rows = jnp.arange(logits.shape[0])[:, None]
-  return jnp.zeros(logits.shape, bool).at[rows, index].set(keep_ordered)
+  return allowed(logits, p=p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +92,8 @@ class Sampler:
   def __post_init__(self):
     t, k, p = self.temperature, self.top_k, self.top_p
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-      raise ValueError(f'Sampler: temperature must be a number >= 0, got {t!r}.')
+      raise ValueError(f'Sampler: temperature must be a number >= 0, got '
+                       f'{t!r}.')
     if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                           or k < 1):
       raise ValueError(f'Sampler: top_k must be a positive integer or None, '
@@ -95,10 +113,11 @@ class Sampler:
     logits = logits.astype(jnp.float32)
     if self.temperature != 1:
       logits = logits / jnp.float32(self.temperature)
-    if self.top_k is not None and self.top_k < logits.shape[-1]:
-      logits = jnp.where(top_k_mask(logits, self.top_k), logits, _BLOCKED)
-    if self.top_p is not None and self.top_p < 1.0:
-      logits = jnp.where(top_p_mask(logits, self.top_p), logits, _BLOCKED)
+    v = logits.shape[-1]
+    k = self.top_k if self.top_k is not None and self.top_k < v else None
+    p = self.top_p if self.top_p is not None and self.top_p < 1.0 else None
+    if k is not None or p is not None:
+      logits = jnp.where(allowed(logits, k, p), logits, _BLOCKED)
     return logits
 
   def __call__(self, logits: Array, key: Array) -> Array:

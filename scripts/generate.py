@@ -6,13 +6,18 @@
     python scripts/generate.py --workdir runs/wmt --input "..." --beam_size 4
     python scripts/generate.py --workdir runs/wmt --input_file doc.de \
         --output_file doc.en --beam_size 4 --batch_size 64
+    python scripts/generate.py --workdir runs/lm --input "Once upon" \
+        --dtype bfloat16 --int8
 
 An encoder-decoder translates the input (the source sentence, ending in EOS
 as in training) and prints the translation; a decoder-only model continues
 the input (laid out as in training: BOS first unless the model was trained
 on a token stream) and prints the input followed by its continuation.
 Greedy by default; ``--beam_size > 1`` runs beam search,
-``--temperature/--top_k/--top_p`` sample.
+``--temperature/--top_k/--top_p`` sample. ``--dtype bfloat16`` decodes in
+bfloat16 (parameters cast once, bfloat16 KV cache, float32 logits);
+``--int8`` holds the matmul kernels as int8 with per-channel scales
+(``jax_transformer.quantize``).
 
 ``--input_file`` (``-``: stdin) holds one text per line; line i of the
 output (``--output_file``, default stdout) answers line i of the input. The
@@ -41,7 +46,7 @@ except ImportError:  # Run from a checkout without installing the package.
 
 import jax
 
-from jax_transformer import data, inference
+from jax_transformer import data, inference, quantize
 from jax_transformer.models import EncoderDecoder
 from jax_transformer.sampling import Sampler, greedy
 
@@ -85,6 +90,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='most tokens to generate per text (default: its '
                       'tokens + 50)')
   p.add_argument('--seed', type=int, default=0, help='sampling seed')
+  p.add_argument('--dtype', choices=quantize.DTYPES, default=None,
+                 help="compute dtype (default: the checkpoint's); "
+                      'bfloat16 casts the parameters once')
+  p.add_argument('--int8', action='store_true',
+                 help='int8 weight-only matmul kernels, one scale per '
+                      'output channel')
   return p.parse_args(argv)
 
 
@@ -229,6 +240,9 @@ def main(argv: Sequence[str] | None = None,
       # Before loading: a bad file costs no checkpoint restore.
       lines = read_lines(args.input_file)
     model, tokenizer, stream = (load or _load)(args.workdir)
+    # Once, before decoding: each batch then reuses the converted weights.
+    model = quantize.for_decoding(model, args.dtype,
+                                  'int8' if args.int8 else None)
     if args.input is not None:
       print(run(model, tokenizer, args, stream))
     else:

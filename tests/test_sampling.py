@@ -1,12 +1,16 @@
 """Token choosers: greedy, temperature, top-k, top-p, and their composition."""
 
+import functools
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_transformer.sampling import (Sampler, greedy, is_deterministic,
-                                      top_k_mask, top_p_mask)
+from jax_transformer.sampling import (Sampler, allowed, greedy,
+                                      is_deterministic, top_k_mask,
+                                      top_p_mask)
 
 # One row of logits with clearly different probabilities, and a tie.
 ROW = np.log(np.array([0.02, 0.30, 0.05, 0.20, 0.20, 0.13, 0.08, 0.02]))
@@ -130,3 +134,79 @@ def test_samplers_are_hashable_values():
   assert Sampler(0.7, 5) == Sampler(0.7, 5)
   assert hash(Sampler(0.7, 5)) == hash(Sampler(0.7, 5))
   assert Sampler(0.7, 5) != Sampler(0.7, 6)
+
+
+# ----------------------------------------------------------------------------
+# The filters before top-k and top-p shared one lax.top_k: the reference is
+# the earlier implementation, a top-k mask then a full sort for the nucleus.
+
+
+def reference_filter(sampler, logits):
+  """Sampler.filter_logits as it was: each filter on all V logits."""
+  logits = logits.astype(jnp.float32)
+  if sampler.temperature != 1:
+    logits = logits / jnp.float32(sampler.temperature)
+  v = logits.shape[-1]
+  rows = jnp.arange(logits.shape[0])[:, None]
+  if sampler.top_k is not None and sampler.top_k < v:
+    _, index = jax.lax.top_k(logits, min(sampler.top_k, v))
+    kept = jnp.zeros(logits.shape, bool).at[rows, index].set(True)
+    logits = jnp.where(kept, logits, -jnp.inf)
+  if sampler.top_p is not None and sampler.top_p < 1.0:
+    ordered, index = jax.lax.top_k(logits, v)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    keep = jnp.cumsum(probs, axis=-1) - probs < sampler.top_p
+    kept = jnp.zeros(logits.shape, bool).at[rows, index].set(keep)
+    logits = jnp.where(kept, logits, -jnp.inf)
+  return logits
+
+
+def random_logits(seed, shape, spread):
+  """Normal logits; spread 0 rounds them to halves (many ties) and blocks
+  a few (-inf), as an earlier filter would."""
+  x = jax.random.normal(jax.random.key(seed), shape)
+  if spread:
+    return spread * x
+  blocked = jax.random.bernoulli(jax.random.key(seed + 1), 0.05, shape)
+  return jnp.where(blocked, -jnp.inf, jnp.round(2 * x) / 2)
+
+
+@pytest.mark.parametrize('v', [50, 1000])
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_filters_and_samples_equal_the_reference_token_for_token(
+    v, temperature):
+  checked = 0
+  for (k, p), (seed, spread) in itertools.product(
+      [(5, None), (40, None), (None, 0.5), (None, 0.95), (3, 0.9),
+       (40, 0.5), (40, 0.99), (v - 1, 0.9)],
+      [(0, 1.0), (1, 4.0), (2, 0.0)]):
+    sampler = Sampler(temperature, k, p)
+    logits = random_logits(seed, (64, v), spread)
+    np.testing.assert_array_equal(sampler.filter_logits(logits),
+                                  reference_filter(sampler, logits))
+    for draw_seed in range(3):
+      key = jax.random.key(100 * seed + draw_seed)
+      want = jax.random.categorical(key, reference_filter(sampler, logits))
+      np.testing.assert_array_equal(sampler(logits, key), want)
+      checked += 1
+  assert checked == 8 * 3 * 3
+
+
+def test_jitted_filters_equal_the_reference():
+  logits = random_logits(3, (256, 1000), 2.0)
+  for sampler in (Sampler(0.8, 40, 0.9), Sampler(top_p=0.9)):
+    np.testing.assert_array_equal(
+        jax.jit(sampler.filter_logits)(logits),
+        jax.jit(functools.partial(reference_filter, sampler))(logits))
+
+
+def test_allowed_with_both_filters_keeps_the_nucleus_of_the_top_k():
+  # The test row renormalised over top-3 {1, 3, 4} (.30 .20 .20)/.70: the
+  # mass before id 4 is 0.5/0.7 = 0.714 < 0.75, so all three stay; at
+  # p = 0.7 id 4 goes.
+  row = jnp.asarray(ROW)[None]
+  np.testing.assert_array_equal(np.flatnonzero(allowed(row, 3, 0.75)[0]),
+                                [1, 3, 4])
+  np.testing.assert_array_equal(np.flatnonzero(allowed(row, 3, 0.7)[0]),
+                                [1, 3])
+  np.testing.assert_array_equal(allowed(row), np.ones((1, 8), bool))

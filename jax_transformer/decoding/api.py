@@ -10,6 +10,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_transformer import quantize
 from jax_transformer.decoding.beam import beam_search_jit
 from jax_transformer.decoding.inputs import (Inputs, check_positive,
                                              check_total_length, place,
@@ -48,7 +49,8 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
              src_mask: Any = None, sampler: TokenChooser = greedy,
              key: Array | None = None, eos_id: int | None = EOS_ID,
              pad_id: int = PAD_ID, bos_id: int = BOS_ID,
-             mesh: Mesh | None = None) -> Generation:
+             mesh: Mesh | None = None, dtype: str | None = None,
+             weights: str | None = None) -> Generation:
   """Generates up to ``max_new_tokens`` per sequence with a KV cache.
 
   model: a DecoderLM (continues ``prompt_ids``) or an EncoderDecoder
@@ -64,6 +66,13 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   eos_id: a sequence stops after producing it (None: never stops early).
   mesh: shard the batch over its 'data' axis (default: the mesh set by
     ``jax.set_mesh``, if any).
+  dtype, weights: decode a lower-precision copy of the model (see
+    :func:`jax_transformer.quantize.for_decoding`): dtype 'bfloat16' casts
+    the parameters once and computes (and caches keys/values) in bfloat16,
+    logits staying float32; None keeps the model's own. weights 'int8'
+    holds the matmul kernels as int8 with per-channel scales. The copy is
+    made on every call: to decode often, make it once with ``for_decoding``
+    and pass that model.
 
   Returns ``Generation(tokens [B, N], lengths [B])``.
   """
@@ -79,6 +88,7 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   inputs = prepare(model, prompt_ids, prompt_mask, src_ids, src_mask,
                     pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
   check_total_length(model, inputs.prompt.shape[1], n, 'max_new_tokens')
+  model = quantize.for_decoding(model, dtype, weights)
   return _run(generate_jit, model, inputs, mesh, key,
               *_special_ids(eos_id, pad_id), max_new_tokens=n,
               sampler=sampler)
@@ -89,7 +99,8 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
                 beam_size: int = 4, alpha: float = 0.6,
                 max_len: int | None = None, eos_id: int | None = EOS_ID,
                 pad_id: int = PAD_ID, bos_id: int = BOS_ID,
-                mesh: Mesh | None = None) -> BeamResult:
+                mesh: Mesh | None = None, dtype: str | None = None,
+                weights: str | None = None) -> BeamResult:
   """Beam search with GNMT's length penalty, under one jit.
 
   Inputs as :func:`generate`. Hypotheses are ranked by
@@ -103,6 +114,7 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   max_len: most new tokens per hypothesis; default the input length
     (source for an EncoderDecoder, prompt for a DecoderLM, padded) + 50,
     capped by the model's max_len for learned positions.
+  dtype, weights: as :func:`generate`.
 
   Returns ``BeamResult(tokens [B, max_len], scores [B], lengths [B])``.
   """
@@ -124,6 +136,7 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
                          f'{model.config.max_len} (learned positions).')
   n = check_positive('max_len', max_len)
   check_total_length(model, t, n, 'max_len')
+  model = quantize.for_decoding(model, dtype, weights)
   return _run(beam_search_jit, model, inputs, mesh,
               *_special_ids(eos_id, pad_id), beam_size=k, alpha=float(alpha),
               max_len=n)
