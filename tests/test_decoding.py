@@ -173,11 +173,15 @@ def truncate_at(tokens, eos):
 def chunk_of(monkeypatch):
   """Sets the decoding loop's chunk size (it is read when the loop is
   traced, so the jit caches are cleared around the change)."""
-  def set_chunk(size):
+  def clear():
     decoding.loop.generate_jit.clear_cache()
+    decoding.beam.beam_search_jit.clear_cache()
+
+  def set_chunk(size):
+    clear()
     monkeypatch.setattr(decoding.loop, 'CHUNK', size)
   yield set_chunk
-  decoding.loop.generate_jit.clear_cache()
+  clear()
 
 
 def test_each_sequence_stops_at_its_own_eos_and_the_loop_exits_early(

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
+from jax_transformer.decoding.loop import chunk_size, in_chunks
 from jax_transformer.decoding.prefill import prefill, start
 from jax_transformer.decoding.results import BeamResult
 
@@ -184,21 +185,20 @@ def beam_search_jit(graphdef, state, inputs: Inputs, eos_id: Array,
     logp = jax.nn.log_softmax(logits[:, 0], axis=-1).reshape(b, k, -1)
     return logp, constrain(cache, mesh)
 
-  def cond(carry):
-    i, beams, _, _ = carry
-    return (i < n) & ~jnp.all(beams.done)
-
-  def body(carry):
+  def body(i, carry):
     # Feeding comes before extending, so the loop's own condition decides
     # whether a step's extensions are fed back: the last step's never are,
     # and no lax.cond (a host round-trip per step on XLA:GPU) is needed.
-    i, beams, parent, cache = carry
+    # Steps past the last slot (a chunk's overrun) find every row done,
+    # and a done row takes no more hypotheses.
+    beams, parent, cache = carry
     logp, cache = advance(i - 1, beams, parent, cache)
     beams, parent = step(i, logp, beams)
-    return i + 1, constrain(beams, mesh), parent, cache
+    return constrain(beams, mesh), parent, cache
 
   beams, parent = step(0, logp, _empty_beams(b, k, n, pad_id))
-  _, beams, _, _ = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), constrain(beams, mesh), parent, cache))
+  beams, _, _ = in_chunks(body, (constrain(beams, mesh), parent, cache), 1,
+                          n, chunk_size(n - 1),
+                          lambda carry: ~jnp.all(carry[0].done))
   return BeamResult(beams.finished[:, 0], beams.finished_score[:, 0],
                     beams.finished_len[:, 0])
