@@ -107,9 +107,11 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   ``log P(y) / ((5 + |y|) / 6) ** alpha`` with |y| the new tokens, EOS
   included. At each step the 2K best extensions are considered: those among
   the best K ending in EOS are finished, the K best others live on; a
-  sequence stops when it holds K finished hypotheses, or after ``max_len``
-  new tokens (live hypotheses are then finished as they are). With
-  ``beam_size=1`` this is greedy decoding.
+  sequence stops when no live beam can beat its K finished hypotheses (its
+  best log-probability over the length penalty at ``max_len`` is at most
+  the worst finished score), or after ``max_len`` new tokens (live
+  hypotheses are then finished as they are). With ``beam_size=1`` this is
+  greedy decoding.
 
   max_len: most new tokens per hypothesis; default the input length
     (source for an EncoderDecoder, prompt for a DecoderLM, padded) + 50,
