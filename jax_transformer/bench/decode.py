@@ -34,14 +34,17 @@ PEAK_BANDWIDTH = {'H200': 4.8e12, 'H100': 3.35e12, 'A100': 2.0e12}
 
 
 def measured_bandwidth(megabytes: int = 256, rounds: int = 5) -> float:
-  """Bytes/s this device reads: the median time of summing a float32
-  array of ``megabytes`` (read once per sum)."""
-  x = jnp.ones((megabytes * 2 ** 20 // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
-  times = [timing.timed(lambda: total(x).block_until_ready())
+  """Bytes/s this device streams a weight matrix through a matrix-vector
+  product (a batch-1 decoding step's access pattern): the median time of
+  a float32 [n, n] matrix of ``megabytes`` times a vector."""
+  n = int((megabytes * 2 ** 20 / 4) ** 0.5)
+  w = jnp.ones((n, n), jnp.float32)
+  x = jnp.ones((n, 1), jnp.float32)
+  product = jax.jit(jnp.matmul)
+  product(w, x).block_until_ready()
+  times = [timing.timed(lambda: product(w, x).block_until_ready())
            for _ in range(rounds)]
-  return x.nbytes / statistics.median(times)
+  return w.nbytes / statistics.median(times)
 
 
 def peak_bandwidth(device_kind: str) -> float | None:
