@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from jax_transformer.bench import nanogpt, pipeline, step
@@ -103,3 +105,32 @@ def test_gpu_suite_scaling_options_run_on_any_backend(monkeypatch):
   row = gpu.measure('tiny_scaled', steps=2, seconds=5.0)
   assert row['timed_steps'] == 2
   assert row['options']['scan_layers'] and not row['options']['packed']
+
+
+def test_decode_benchmark_rows_ratios_and_bytes():
+  """bench/decode.py's arithmetic on a case with stand-in contenders."""
+  from flax import nnx
+
+  import jax_transformer as jt
+  from jax_transformer.bench import decode
+  model = jt.DecoderLM(jt.ModelConfig(
+      vocab_size=64, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+      num_encoder_layers=0, num_decoder_layers=2), nnx.Rngs(0))
+  weights = sum(x.nbytes for x in
+                jax.tree.leaves(nnx.state(model, nnx.Param)))
+  # Cache: 2 (keys, values) x 2 layers x batch 3 x 2 heads x 8 wide x 10
+  # slots x 4 bytes.
+  assert decode.step_bytes(model, 3, 10) == weights + 2 * 2 * 3 * 2 * 8 * 40
+  tokens = np.zeros((3, 4), np.int32)
+  case = decode.Case('tiny', 3, 4, 2,
+                     {'ours': lambda: tokens, 'ref': lambda: tokens + 1},
+                     {'ours': 1000.0, 'ref': 1000.0}, 'ref')
+  rows = {r['side']: r for r in decode.measure(case, 3, bandwidth=1e9,
+                                                 peak=2e9)}
+  ours = rows['ours']
+  assert ours['same_tokens'] == 0.0 and 'speed_vs_ref' in ours
+  assert ours['tokens_per_s'] == pytest.approx(12 / ours['seconds'])
+  assert ours['bandwidth_fraction'] == pytest.approx(
+      2 * ours['peak_bandwidth_fraction'])
+  assert decode.peak_bandwidth('NVIDIA H200') == 4.8e12
+  assert decode.peak_bandwidth('cpu') is None
