@@ -6,6 +6,7 @@ with --config.a.b=value. Restarting with the same --workdir resumes.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -53,7 +54,10 @@ def main(argv):
   workdir = FLAGS.workdir or os.path.join(
       'runs', os.path.splitext(os.path.basename(
           config_flags.get_config_filename(FLAGS['config'])))[0])
-  trainer.train_and_evaluate(cfg, workdir)
+  result = trainer.train_and_evaluate(cfg, workdir)
+  if result.get('interrupted'):
+    # Saved and stopped early: not finished (see trainer.EXIT_INTERRUPTED).
+    sys.exit(trainer.EXIT_INTERRUPTED)
 
 
 if __name__ == '__main__':

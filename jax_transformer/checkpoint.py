@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -75,9 +76,31 @@ class Checkpointer:
     """The state (placed as abstract_state's shardings) and data state.
 
     A checkpoint written with the other layer layout (scan_layers) is
-    converted to abstract_state's.
+    converted to abstract_state's. Without ``step``, a checkpoint that
+    cannot be read (a torn write, a truncated or emptied file) is skipped,
+    with a warning naming it and why, for the newest one that can; if none
+    can, the newest one's error is raised.
     """
-    step = self.latest_step() if step is None else step
+    if step is not None:
+      return self._restore_step(abstract_state, step)
+    errors = []
+    for candidate in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self._restore_step(abstract_state, candidate)
+      except Exception as err:  # pylint: disable=broad-except
+        errors.append((candidate, err))
+        continue
+      for skipped, err in errors:
+        logging.warning('Skipped checkpoint step %d, which could not be '
+                        'read (%s); resuming from step %d.', skipped,
+                        _first_line(err), candidate)
+      return restored
+    if errors:
+      raise errors[0][1]
+    raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint.')
+
+  def _restore_step(self, abstract_state: dict[str, Any], step: int
+                    ) -> tuple[dict[str, Any], Any]:
     abstract_state, convert = self._other_layout(abstract_state, step)
     train = {k: v for k, v in abstract_state.items() if k != 'params'}
     try:
@@ -108,6 +131,11 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip()
+  return f'{type(err).__name__}: {text.splitlines()[0] if text else ""}'
 
 
 def _param_names(tree: Any) -> list[str]:
@@ -149,11 +177,18 @@ def save_side_files(workdir: str, cfg: ml_collections.ConfigDict,
   The first run's tokenizer stays: a resumed model keeps its vocabulary.
   """
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, CONFIG_FILE), 'w') as f:
+  # Written beside, then renamed: a process killed mid-write leaves the old
+  # file or the new one, never half of one.
+  path = os.path.join(workdir, CONFIG_FILE)
+  with open(path + '.tmp', 'w') as f:
     f.write(cfg.to_json(indent=2, sort_keys=True))
+  os.replace(path + '.tmp', path)
   tokenizer_dir = os.path.join(workdir, TOKENIZER_DIR)
   if not os.path.exists(tokenizer_dir):
-    tokenizer.save(tokenizer_dir)
+    partial = tokenizer_dir + '.tmp'
+    shutil.rmtree(partial, ignore_errors=True)  # a killed earlier attempt
+    tokenizer.save(partial)
+    os.replace(partial, tokenizer_dir)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict | None:

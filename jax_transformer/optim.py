@@ -24,14 +24,22 @@ def rsqrt_schedule(d_model: int, warmup_steps: int,
 
 def make_schedule(cfg: Mapping[str, Any], d_model: int,
                   num_steps: int) -> optax.Schedule:
-  """From an optimizer config: 'rsqrt', 'warmup_cosine' or 'constant'."""
+  """From an optimizer config: 'rsqrt', 'warmup_cosine' or 'constant'.
+
+  num_steps and cfg['warmup_steps'] count train steps (micro-batches);
+  the schedule is evaluated per optimizer update, which under gradient
+  accumulation comes every grad_accum_steps of them, so both are converted
+  to updates: a run ends at the schedule's end whatever the accumulation.
+  """
   kind = cfg['schedule']
   if kind not in ('rsqrt', 'warmup_cosine', 'constant'):
     raise ValueError(f"optim.schedule must be 'rsqrt', 'warmup_cosine' or "
                      f"'constant', got {kind!r}.")
-  warmup = int(cfg['warmup_steps'])
+  accum = int(cfg.get('grad_accum_steps', 1))
+  num_steps = max(num_steps // accum, 1)
+  warmup = int(cfg['warmup_steps']) // accum
   if kind == 'rsqrt':
-    return rsqrt_schedule(d_model, warmup, cfg.get('lr_scale', 1.0))
+    return rsqrt_schedule(d_model, max(warmup, 1), cfg.get('lr_scale', 1.0))
   lr = float(cfg['learning_rate'])
   if kind == 'warmup_cosine':
     return optax.warmup_cosine_decay_schedule(

@@ -28,20 +28,29 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
+# The exit status of a run stopped by SIGTERM or SIGINT after saving
+# (EX_TEMPFAIL): a restart loop (`until python train.py ...; do :; done`) or
+# a Kubernetes Job sees it as unfinished, where 0 means the run completed.
+EXIT_INTERRUPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class Preemption:
-  """Turns SIGTERM into a flag the loop checks after each step."""
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop checks after
+  each step: the run saves a checkpoint and stops."""
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self.requested = None  # the name of the signal that asked to stop
+    self._previous = {s: signal.signal(s, self._handle)
+                      for s in STOP_SIGNALS}
 
   def _handle(self, signum, frame):
     del frame
     if self.requested:
-      # A second SIGTERM ends a process that cannot reach its next step.
+      # A second signal ends a process that cannot reach its next step.
       signal.signal(signum, signal.SIG_DFL)
       os.kill(os.getpid(), signum)
-    self.requested = True
+    self.requested = signal.Signals(signum).name
 
   def should_stop(self, step: int, every: int = 10) -> bool:
     if jax.process_count() == 1:
@@ -50,11 +59,12 @@ class Preemption:
     # so hosts compare flags every few steps only.
     if step % every:
       return False
-    flags = multihost_utils.process_allgather(np.array(self.requested))
+    flags = multihost_utils.process_allgather(np.array(bool(self.requested)))
     return bool(np.any(flags))
 
   def restore(self) -> None:
-    signal.signal(signal.SIGTERM, self._previous)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
 
 def sync(name: str) -> None:
@@ -201,6 +211,26 @@ def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
       donate_argnums=0)
 
 
+def check_finite(metrics: dict, step: int, checkpointer) -> None:
+  """Stops training at the first non-finite loss or gradient norm.
+
+  metrics: one step's (on the host); step: that step's number, counting
+  from 1. Raises FloatingPointError naming the step and the checkpoint a
+  rerun resumes from; the caller saves nothing after it.
+  """
+  values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
+  if all(np.isfinite(v) for v in values.values()):
+    return
+  checkpointer.wait()
+  last = checkpointer.latest_step()
+  where = ('no checkpoint yet' if last is None
+           else f'the last checkpoint is step {last}')
+  raise FloatingPointError(
+      f'Step {step} gave a non-finite loss sum or gradient norm ({values}); '
+      f'training stopped without saving it ({where}): lower '
+      'optim.learning_rate or set optim.clip_norm, then rerun to resume.')
+
+
 def _traced_under(mesh, jitted):
   """jitted, traced with mesh in context, so that the models' activation
   sharding constraints (``sharding.constrain``) apply."""
@@ -213,7 +243,8 @@ def _traced_under(mesh, jitted):
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
                        ) -> dict[str, Any]:
   """Trains (resuming from workdir if it holds a checkpoint); returns the
-  last logged metrics."""
+  last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
+  or SIGINT stopped the run after saving."""
   main = jax.process_index() == 0
   check_run_fields(cfg)
   check_resumable(cfg, workdir)
@@ -287,7 +318,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
       if previous is not None:
         # At most two steps in flight: the bar counts finished steps, and a
         # signal or a save never waits behind a backlog of dispatches.
-        jax.block_until_ready(previous)
+        check_finite(jax.device_get(previous), step, checkpointer)
         progress.update(1)
       previous = metrics
       step += 1
@@ -316,9 +347,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         tick = time.perf_counter()
       stop = preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
+        # Never save a state a non-finite step produced.
+        check_finite(jax.device_get(metrics), step, checkpointer)
         checkpointer.save(state, train_iter.get_state())
       if stop:
-        log(f'\nSIGTERM: saved step {step}; exiting to resume later.')
+        last['interrupted'] = preemption.requested or 'another host'
+        log(f'\n{last["interrupted"]}: saved step {step}; exiting to '
+            'resume later.')
         break
   finally:
     progress.close()

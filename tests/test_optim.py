@@ -26,6 +26,21 @@ def test_warmup_cosine_from_config():
   np.testing.assert_allclose(schedule(110), 1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize('accum', [1, 2, 4])
+def test_schedule_counts_updates_under_gradient_accumulation(accum):
+  """Optax evaluates the schedule once per update, i.e. every `accum`
+  train steps: warmup and decay still end at the same train step."""
+  cfg = dict(schedule='warmup_cosine', learning_rate=1e-3, warmup_steps=8,
+             final_lr_fraction=0.1, grad_accum_steps=accum)
+  schedule = optim.make_schedule(cfg, 64, num_steps=40)
+  np.testing.assert_allclose(schedule(8 // accum), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(40 // accum), 1e-4, rtol=1e-5)
+  rsqrt = optim.make_schedule(dict(cfg, schedule='rsqrt', warmup_steps=4000),
+                              512, num_steps=10_000)
+  peak = 512 ** -0.5 * (4000 // accum) ** -0.5
+  np.testing.assert_allclose(rsqrt(4000 // accum - 1), peak, rtol=1e-6)
+
+
 def test_bad_schedule_name():
   with pytest.raises(ValueError, match="optim.schedule must be"):
     optim.make_schedule(dict(schedule='linear', warmup_steps=0), 8, 10)

@@ -121,7 +121,11 @@ def test_scan_remat_and_chunked_loss_train_like_the_plain_step(tmp_path,
                                metrics(plain)[step]['loss'], rtol=1e-5)
 
 
-def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path, data_dir):
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_saves_exits_75_within_30_s_and_resumes(tmp_path,
+                                                           data_dir, sig):
+  """SIGTERM (preemption) and SIGINT (Ctrl-C): a checkpoint, exit status
+  75 (not finished) within 30 s of the signal, and a run that resumes."""
   work = tmp_path / 'w'
   proc = train(work, data_dir, '--config.num_steps=100000',
                '--config.log_every=1', '--config.checkpoint_every=100000',
@@ -131,11 +135,14 @@ def test_sigterm_saves_a_checkpoint_that_resumes(tmp_path, data_dir):
     if (work / 'metrics.jsonl').exists() and len(metrics(work)) >= 2:
       break
     time.sleep(0.5)
-  proc.send_signal(signal.SIGTERM)
+  signalled = time.time()
+  proc.send_signal(sig)
   out, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 0, out[-3000:]
-  assert 'SIGTERM: saved step' in out
-  saved = int(out.split('SIGTERM: saved step ')[1].split(';')[0])
+  assert time.time() - signalled < 30, out[-3000:]
+  assert proc.returncode == 75, out[-3000:]
+  name = signal.Signals(sig).name
+  assert f'{name}: saved step' in out
+  saved = int(out.split(f'{name}: saved step ')[1].split(';')[0])
   assert (work / 'checkpoints' / str(saved)).exists()
   out = train(work, data_dir, f'--config.num_steps={saved + 2}',
               '--config.eval_every=100000')

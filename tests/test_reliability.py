@@ -1,0 +1,109 @@
+"""Long runs lose nothing: torn checkpoints, side files, non-finite steps."""
+
+import logging
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+from configs import lm_shakespeare  # noqa: E402
+from jax_transformer import checkpoint, steps, trainer  # noqa: E402
+from jax_transformer.data.tokenizers import ByteTokenizer  # noqa: E402
+
+
+def _state(step):
+  return {'params': {'w': jnp.full((4, 3), float(step))},
+          'opt_state': {'mu': jnp.full((4, 3), -float(step))},
+          'step': jnp.int32(step), 'rng': jnp.zeros(2, jnp.uint32)}
+
+
+def _save_steps(workdir, *numbers):
+  saver = checkpoint.Checkpointer(str(workdir), async_save=False)
+  for n in numbers:
+    saver.save(_state(n), {'position': n})
+  saver.close()
+
+
+def _abstract():
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+      _state(0))
+
+
+def _truncate(step_dir):
+  for root, _, files in os.walk(step_dir / 'params'):
+    for name in files:
+      open(os.path.join(root, name), 'w').close()
+
+
+def _empty(step_dir):
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      os.remove(os.path.join(root, name))
+
+
+@pytest.mark.parametrize('tear', [_truncate, _empty])
+def test_resume_skips_a_torn_checkpoint_and_says_so(tmp_path, caplog, tear):
+  _save_steps(tmp_path, 1, 2)
+  tear(tmp_path / 'checkpoints' / '2')
+  loader = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  with caplog.at_level(logging.WARNING):
+    state, data_state = loader.restore(_abstract())
+  loader.close()
+  assert int(state['step']) == 1 and data_state == {'position': 1}
+  np.testing.assert_array_equal(state['params']['w'], 1.0)
+  assert any('Skipped checkpoint step 2' in r.getMessage()
+             and 'resuming from step 1' in r.getMessage()
+             for r in caplog.records)
+
+
+def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
+  _save_steps(tmp_path, 1, 2)
+  for n in (1, 2):
+    _truncate(tmp_path / 'checkpoints' / str(n))
+  loader = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  with pytest.raises(Exception):
+    loader.restore(_abstract())
+  loader.close()
+
+
+def test_side_files_are_written_whole(tmp_path):
+  cfg = lm_shakespeare.get_config('tiny')
+  (tmp_path / 'tokenizer.tmp').mkdir()  # left by a killed earlier start
+  checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
+  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer']
+  assert checkpoint.load_config(str(tmp_path)).seq_len == cfg.seq_len
+
+
+@pytest.mark.slow
+def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
+                                                             monkeypatch):
+  """Step 4's loss turns NaN: training stops naming step 4 and the last
+  checkpoint (2); nothing from step 4 on is saved."""
+  make = steps.make_train_step
+
+  def poisoned(*args, **kwargs):
+    step = make(*args, **kwargs)
+
+    def run(state, batch):
+      new_state, metrics = step(state, batch)
+      bad = new_state['step'] >= 4
+      return new_state, dict(metrics, loss=jnp.where(bad, jnp.nan,
+                                                     metrics['loss']))
+    return run
+
+  monkeypatch.setattr(steps, 'make_train_step', poisoned)
+  cfg = lm_shakespeare.get_config('tiny')
+  cfg.data.data_dir = str(tmp_path / 'tfds')
+  cfg.update(num_steps=8, checkpoint_every=2, log_every=2, eval_every=100)
+  cfg.sample.enabled = False
+  work = tmp_path / 'w'
+  with pytest.raises(FloatingPointError,
+                     match=r'^Step 4 .*the last checkpoint is step 2\)'):
+    trainer.train_and_evaluate(cfg, str(work))
+  assert sorted(os.listdir(work / 'checkpoints')) == ['2']
