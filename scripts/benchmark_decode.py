@@ -24,7 +24,6 @@ table goes to stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -37,6 +36,7 @@ except ImportError:  # Run from a checkout without installing the package.
 import jax  # noqa: E402
 
 from jax_transformer.bench import decode  # noqa: E402
+from jax_transformer.bench.rows import stream  # noqa: E402
 
 OPTIONS = {'jax': {}, 'jax_bf16': {'dtype': 'bfloat16'},
            'jax_int8': {'weights': 'int8'}}
@@ -94,19 +94,10 @@ def main(argv=None) -> int:
     return 2
   bandwidth = decode.measured_bandwidth()
   peak = decode.peak_bandwidth(device.device_kind)
-  rows = []
-  out = open(args.output, 'w') if args.output else None
-  try:
-    for case in cases(args):
-      for row in decode.measure(case, args.rounds, bandwidth, peak):
-        row['device'] = device.device_kind
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        if out:
-          out.write(json.dumps(row) + '\n')
-  finally:
-    if out:
-      out.close()
+  rows = stream((dict(row, device=device.device_kind)
+                 for case in cases(args)
+                 for row in decode.measure(case, args.rounds, bandwidth,
+                                           peak)), args.output)
   print(table(rows), file=sys.stderr)
   return 0
 

@@ -23,7 +23,6 @@ one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -39,6 +38,7 @@ sys.path.insert(0, ROOT)  # configs/ lives beside the package
 
 from configs import lm_1_3b, lm_350m  # noqa: E402
 from jax_transformer import aot, memory  # noqa: E402
+from jax_transformer.bench.rows import stream  # noqa: E402
 
 MODELS = {'350m': lm_350m, '1.3b': lm_1_3b}
 VOCAB = 32768
@@ -141,19 +141,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]
-  rows = []
-  out = open(args.output, 'w') if args.output else None
-  try:
-    for suite in suites:
-      for r in suite(args):
-        rows.append(r)
-        print(json.dumps(r), flush=True)
-        if out:
-          out.write(json.dumps(r) + '\n')
-          out.flush()
-  finally:
-    if out:
-      out.close()
+  rows = stream((r for suite in suites for r in suite(args)), args.output)
   print(table(rows), file=sys.stderr)
   return 0
 
