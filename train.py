@@ -3,62 +3,108 @@
 With no flags it runs the default job (configs/lm_shakespeare.py): a small
 decoder-only LM on the offline Shakespeare corpus. Override any config field
 with --config.a.b=value. Restarting with the same --workdir resumes.
+
+Exit status: 0 finished; 2 a bad flag or a config that cannot run (one
+line on stderr, before any data is prepared or anything compiles); 75
+stopped by SIGTERM or SIGINT after saving a checkpoint.
 """
 
 import os
 import sys
+from typing import Sequence
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                               'configs', 'lm_shakespeare.py')
-config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG,
-                                'Experiment config file[:preset].')
-flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, config and '
-                    'tokenizer go here (default: runs/<config name>).')
-flags.DEFINE_string('coordinator_address', None,
-                    'host:port of process 0, for multi-host runs without '
-                    'automatic cluster detection.')
-flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
-flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
-flags.DEFINE_string('compilation_cache_dir',
-                    os.path.join('~', '.cache', 'jax_transformer', 'xla'),
-                    'Persistent XLA compilation cache: a second start with '
-                    'the same shapes skips compiling ("" turns it off).')
-flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
-                  'reuse (glibc), so CPU steps do not page-fault their '
-                  'temporaries in every step (see jax_transformer/'
-                  'host_memory.py).')
+from jax_transformer import cli
+from jax_transformer.errors import UsageError
+
+PROG = 'train.py'
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              'configs', 'lm_shakespeare.py')
 FLAGS = flags.FLAGS
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if FLAGS.retain_host_memory:
+def define_flags(values: flags.FlagValues) -> None:
+  """Every flag but --config, which parse_flags defines from the command
+  line (its --config.a.b overrides become flags of their fields' types)."""
+  flags.DEFINE_string('workdir', None, 'Checkpoints, metrics, config and '
+                      'tokenizer go here (default: runs/<config name>).',
+                      flag_values=values)
+  flags.DEFINE_string('coordinator_address', None,
+                      'host:port of process 0, for multi-host runs without '
+                      'automatic cluster detection.', flag_values=values)
+  flags.DEFINE_integer('num_processes', None,
+                       'Processes in a multi-host run.', flag_values=values)
+  flags.DEFINE_integer('process_id', None,
+                       'This process, 0..num_processes-1.',
+                       flag_values=values)
+  flags.DEFINE_string('compilation_cache_dir',
+                      os.path.join('~', '.cache', 'jax_transformer', 'xla'),
+                      'Persistent XLA compilation cache: a second start with '
+                      'the same shapes skips compiling ("" turns it off).',
+                      flag_values=values)
+  flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
+                    'reuse (glibc), so CPU steps do not page-fault their '
+                    'temporaries in every step (see jax_transformer/'
+                    'host_memory.py).', flag_values=values)
+
+
+define_flags(FLAGS)
+
+
+def parse_flags(argv: Sequence[str],
+                values: flags.FlagValues = FLAGS) -> list[str]:
+  """Parses argv into values (--config: configs/NAME.py[:preset], default
+  lm_shakespeare.py) and fills in the default --workdir.
+
+  Raises UsageError for anything wrong on the command line: an unknown
+  flag or config field, a missing config file or preset, a value of the
+  wrong type, a stray argument.
+  """
+  _, spec, rest = cli.parse_config_flags(argv, DEFAULT_CONFIG, values)
+  if rest:
+    raise UsageError(f'Unexpected arguments {rest}; flags look like '
+                     '--workdir=DIR or --config.a.b=value.')
+  if values.workdir is None:
+    name = os.path.splitext(os.path.basename(spec.partition(':')[0]))[0]
+    values.workdir = os.path.join('runs', name)
+  return list(argv[:1])
+
+
+def _flags_parser(argv: Sequence[str]) -> list[str]:
+  """absl's flags_parser: bad flags are one line and exit status 2."""
+  try:
+    return parse_flags(argv)
+  except UsageError as e:
+    sys.exit(cli.report(PROG, e))
+
+
+@cli.entry_point(PROG)
+def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
+  """Trains values.config into values.workdir; returns the exit status."""
+  del argv  # parse_flags refused any argument that is not a flag
+  if values.retain_host_memory:
     from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
     host_memory.retain_freed_memory()
-  if not FLAGS['verbosity'].present:
+  if 'verbosity' in values and not values['verbosity'].present:
     # Orbax logs every file it writes at INFO.
     logging.set_verbosity(logging.WARNING)
   # Imported after flag parsing so --help stays fast.
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_transformer import distributed, trainer  # pylint: disable=g-import-not-at-top
-  if FLAGS.compilation_cache_dir:
+  from jax_transformer import distributed, experiment, trainer  # pylint: disable=g-import-not-at-top
+  if values.compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir',
-                      os.path.expanduser(FLAGS.compilation_cache_dir))
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
-                         FLAGS.process_id)
-  cfg = FLAGS.config
-  workdir = FLAGS.workdir or os.path.join(
-      'runs', os.path.splitext(os.path.basename(
-          config_flags.get_config_filename(FLAGS['config'])))[0])
-  result = trainer.train_and_evaluate(cfg, workdir)
+                      os.path.expanduser(values.compilation_cache_dir))
+  distributed.initialize(values.coordinator_address, values.num_processes,
+                         values.process_id)
+  # Before data preparation: a config that cannot run costs nothing.
+  experiment.check_config(values.config)
+  result = trainer.train_and_evaluate(values.config, values.workdir)
   if result.get('interrupted'):
     # Saved and stopped early: not finished (see trainer.EXIT_INTERRUPTED).
-    sys.exit(trainer.EXIT_INTERRUPTED)
+    return trainer.EXIT_INTERRUPTED
+  return 0
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=_flags_parser)

@@ -1,16 +1,34 @@
-"""jax_transformer: the Transformer of "Attention Is All You Need" in JAX/Flax NNX."""
+"""jax_transformer: the Transformer of "Attention Is All You Need" in JAX/Flax NNX.
 
-from jax_transformer.attention import KVCache
-from jax_transformer.config import (PRESETS, ModelConfig, gpt2_small,
-                                    transformer_base, transformer_big)
-from jax_transformer.models import DecoderLM, EncoderDecoder, count_params
-from jax_transformer.decoding import (BeamResult, Generation, beam_search,
-                                      generate)
-from jax_transformer.sampling import Sampler, greedy
+The names below load their modules on first use, so that importing a light
+module of the package (``jax_transformer.cli``, ``jax_transformer.errors``)
+does not import JAX and Flax: train.py answers a bad flag or ``--help`` at
+once.
+"""
 
-__all__ = [
-    'DecoderLM', 'EncoderDecoder', 'KVCache', 'ModelConfig', 'PRESETS',
-    'count_params', 'gpt2_small', 'transformer_base', 'transformer_big',
-    'BeamResult', 'Generation', 'Sampler', 'beam_search', 'generate',
-    'greedy',
-]
+import importlib
+
+_HOMES = {
+    'KVCache': 'attention',
+    'PRESETS': 'config', 'ModelConfig': 'config', 'gpt2_small': 'config',
+    'transformer_base': 'config', 'transformer_big': 'config',
+    'DecoderLM': 'models', 'EncoderDecoder': 'models',
+    'count_params': 'models',
+    'BeamResult': 'decoding', 'Generation': 'decoding',
+    'beam_search': 'decoding', 'generate': 'decoding',
+    'Sampler': 'sampling', 'greedy': 'sampling',
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+  if name not in _HOMES:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  value = getattr(importlib.import_module(f'{__name__}.{_HOMES[name]}'), name)
+  globals()[name] = value  # later lookups skip this function
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_HOMES))

@@ -20,9 +20,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data.tokenizers import load_tokenizer
 from jax_transformer.params import is_scanned, to_layout
 
 CONFIG_FILE = 'config.json'
@@ -200,26 +198,16 @@ def load_config(workdir: str) -> ml_collections.ConfigDict | None:
 
 
 def load_for_inference(workdir: str, step: int | None = None):
-  """(model, tokenizer) from a trained workdir, on the local devices.
+  """(model, tokenizer) from a trained workdir, on one local device.
 
-  The model is an EncoderDecoder or DecoderLM holding the checkpoint's
-  parameters (replicated); the tokenizer is the one it was trained with.
+  The model is an EncoderDecoder or DecoderLM holding the parameters of
+  the checkpoint at ``step`` (default: the latest); the tokenizer is the
+  one it was trained with. Bad input (no such workdir, no checkpoint, a
+  missing tokenizer, a checkpoint that does not fit config.json or cannot
+  be read) raises ``errors.UsageError`` in one sentence.
   """
-  # Imported here: experiment imports the models, this module is lower.
-  from jax_transformer import experiment  # pylint: disable=g-import-not-at-top
-  cfg = load_config(workdir)
-  if cfg is None:
-    raise FileNotFoundError(f'{workdir} has no {CONFIG_FILE}: not a '
-                            'training workdir.')
-  tokenizer = load_tokenizer(os.path.join(workdir, TOKENIZER_DIR))
-  setup = experiment.setup(cfg, tokenizer.vocab_size)
-  replicated = NamedSharding(
-      jax.sharding.Mesh(jax.local_devices()[:1], ('data',)), PartitionSpec())
-  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated)
-              for k, v in setup.abstract_params.items()}
-  checkpointer = Checkpointer(workdir, async_save=False)
-  try:
-    params = checkpointer.restore_params(abstract, step)
-  finally:
-    checkpointer.close()
-  return setup.model_def.merge(params), tokenizer
+  # Imported here: trained sits above this module (it reads workdirs
+  # through it).
+  from jax_transformer import trained  # pylint: disable=g-import-not-at-top
+  opened, params, _ = trained.load(workdir, step)
+  return opened.model(params), opened.tokenizer

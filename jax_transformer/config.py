@@ -7,6 +7,8 @@ from typing import Literal
 
 import jax.numpy as jnp
 
+from jax_transformer.errors import UsageError
+
 Activation = Literal['relu', 'gelu', 'gelu_tanh', 'swiglu']
 Positional = Literal['sinusoidal', 'learned', 'rotary']
 Norm = Literal['layernorm', 'rmsnorm']
@@ -72,7 +74,7 @@ class ModelConfig:
 
   def __post_init__(self):
     for problem in self._problems():
-      raise ValueError(f'ModelConfig: {problem}')
+      raise UsageError(f'ModelConfig: {problem}')
 
   def _problems(self):
     positive = ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len')

@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 
 from jax_transformer import data, inference
+from jax_transformer.errors import UsageError
 
 LN2 = math.log(2.0)
 
@@ -27,8 +28,8 @@ def check_split(cfg: ml_collections.ConfigDict, split: str) -> None:
   try:
     source = data.load_source(spec.name, spec.train_split,
                               cfg.data.get('data_dir'))
-  except FileNotFoundError as e:
-    raise ValueError(str(e).splitlines()[0]) from None
+  except FileNotFoundError as e:  # not prepared: the message says how
+    raise UsageError(str(e)) from None
   del source
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(spec.name, data_dir=cfg.data.get('data_dir')
@@ -36,7 +37,7 @@ def check_split(cfg: ml_collections.ConfigDict, split: str) -> None:
                          file_format='array_record')
   names = sorted(builder.info.splits)
   if split.split('[')[0] not in names:
-    raise ValueError(f'{spec.name} has no split {split!r}; it has '
+    raise UsageError(f'{spec.name} has no split {split!r}; it has '
                      f'{", ".join(names)}.')
 
 

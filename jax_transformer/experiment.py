@@ -14,8 +14,9 @@ import ml_collections
 import optax
 from flax import nnx
 
-from jax_transformer import optim
+from jax_transformer import data, optim, sharding
 from jax_transformer.config import ModelConfig
+from jax_transformer.errors import UsageError
 from jax_transformer.models import DecoderLM, EncoderDecoder
 from jax_transformer.params import ModelDef, Params, abstract, split
 
@@ -24,7 +25,7 @@ MODELS = {'decoder_lm': DecoderLM, 'encoder_decoder': EncoderDecoder}
 
 def model_class(cfg: ml_collections.ConfigDict) -> type:
   if cfg.model_kind not in MODELS:
-    raise ValueError(f'model_kind must be one of {sorted(MODELS)}, got '
+    raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
                      f'{cfg.model_kind!r}.')
   return MODELS[cfg.model_kind]
 
@@ -37,13 +38,14 @@ def model_config(cfg: ml_collections.ConfigDict,
   known = {f.name for f in dataclasses.fields(ModelConfig)}
   unknown = sorted(set(fields) - known)
   if unknown:
-    raise ValueError(f'config.model has unknown fields {unknown}.')
+    raise UsageError(f'config.model has unknown fields {unknown}.')
   if fields.get('vocab_size') is None:
     multiple = int(cfg.get('vocab_multiple', 1))
     fields['vocab_size'] = -(-tokenizer_vocab // multiple) * multiple
   elif fields['vocab_size'] < tokenizer_vocab:
-    raise ValueError(f'config.model.vocab_size={fields["vocab_size"]} is '
-                     f'smaller than the tokenizer\'s {tokenizer_vocab}.')
+    raise UsageError(f'config.model.vocab_size={fields["vocab_size"]} is '
+                     f'smaller than the tokenizer\'s {tokenizer_vocab}; '
+                     'raise it, or unset it to use the tokenizer\'s.')
   return ModelConfig(**fields)
 
 
@@ -91,8 +93,31 @@ def check_lengths(cfg: ml_collections.ConfigDict, mc: ModelConfig) -> None:
   for name, length in (('seq_len', cfg.seq_len),
                        ('data.src_len', cfg.data.get('src_len'))):
     if length is not None and length > mc.max_len:
-      raise ValueError(f'config.{name}={length} exceeds model.max_len='
+      raise UsageError(f'config.{name}={length} exceeds model.max_len='
                        f'{mc.max_len}; raise max_len or shorten sequences.')
+
+
+def check_config(cfg: ml_collections.ConfigDict) -> None:
+  """Refuses, in one UsageError sentence, what the config alone shows cannot
+  run: the model kind and fields, the lengths, the dataset and translation
+  direction, the mesh against this job's devices and the batch sizes
+  against the mesh.
+
+  Cheap (nothing is built or compiled), so a command line checks it before
+  preparing data; what needs the tokenizer's vocabulary (vocab_size, the
+  parameters' divisibility, memory) is checked by ``setup`` and the
+  trainer's pre-flight.
+  """
+  model_class(cfg)
+  # The vocabulary is the tokenizer's, unknown before data preparation;
+  # 1 stands in (rounded up to vocab_multiple, so always valid).
+  check_lengths(cfg, model_config(cfg, tokenizer_vocab=1))
+  spec = data.get_spec(cfg.data.name)
+  if spec.task == 'translation':
+    data.pipeline.translation_keys(spec, cfg.data.get('direction'))
+  mesh = sharding.make_mesh(cfg.mesh)
+  for name in ('batch_size', 'eval_batch_size'):
+    sharding.check_batch(cfg[name], mesh)
 
 
 def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:

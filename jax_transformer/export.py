@@ -40,12 +40,13 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from jax_transformer import checkpoint, data, sharding
+from jax_transformer import checkpoint, data
 from jax_transformer import params as params_lib
 from jax_transformer import torch_compat
 from jax_transformer import trained as trained_lib
 from jax_transformer.config import ModelConfig
 from jax_transformer.data import tokenizers
+from jax_transformer.errors import UsageError
 from jax_transformer.experiment import MODELS
 
 FORMATS = ('torch', 'hf', 'safetensors')
@@ -56,8 +57,9 @@ CONFIG_SUFFIX, TOKENIZER_SUFFIX = '.json', '.tokenizer'
 TOLERANCE = 1e-4
 
 
-class InputError(ValueError):
-  """A workdir, step, file or format that cannot be used (one sentence)."""
+# A workdir, step, file or format that cannot be used (one sentence); the
+# name import_params and older callers know.
+InputError = UsageError
 
 
 class VerificationError(RuntimeError):
@@ -114,14 +116,7 @@ def build(kind: str, config: ModelConfig) -> Callable[[], nnx.Module]:
 def load_workdir(workdir: str, step: int | None = None) -> Trained:
   """The model and tokenizer of one checkpoint (default: the latest), on
   one device."""
-  try:
-    opened = trained_lib.open_workdir(workdir)
-    (step,) = trained_lib.choose_steps(opened, step)
-  except (FileNotFoundError, ValueError) as e:
-    raise InputError(str(e)) from None
-  mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
-                            jax.local_devices()[:1])
-  params = trained_lib.restore_params(opened, [step], mesh)
+  opened, params, step = trained_lib.load(workdir, step)
   return Trained(opened.model(params), opened.tokenizer, opened.config, step)
 
 

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from jax_transformer import data, decoding
+from jax_transformer.errors import UsageError
 from jax_transformer.models import EncoderDecoder
 from jax_transformer.sampling import greedy, is_deterministic
 
@@ -32,7 +33,7 @@ from jax_transformer.sampling import greedy, is_deterministic
 ROUND_TO = 8
 
 
-class TextError(ValueError):
+class TextError(UsageError):
   """One text of a list cannot be decoded; ``index`` is its position.
 
   ``reason`` continues a sentence whose subject is the text, e.g. "encodes
@@ -131,12 +132,13 @@ def new_token_limit(model, length: int,
   config = model.config
   if length > config.max_len:
     raise ValueError(f"is {length} tokens long, more than the model's "
-                     f'max_len={config.max_len}')
+                     f'max_len={config.max_len}; shorten it')
   if max_new_tokens is not None:
     if not _fits(model, length, max_new_tokens):
       raise ValueError(f'is {length} tokens long: with {max_new_tokens} new '
                        f"tokens that exceeds the model's max_len="
-                       f'{config.max_len} (learned positions)')
+                       f'{config.max_len} (learned positions); shorten it '
+                       'or ask for fewer new tokens')
     return max_new_tokens
   n = length + decoding.EXTRA_NEW_TOKENS
   if config.positional == 'learned':
@@ -144,7 +146,7 @@ def new_token_limit(model, length: int,
   if n < 1:
     raise ValueError(f'is {length} tokens long, leaving no room for new '
                      f"tokens under the model's max_len={config.max_len} "
-                     '(learned positions)')
+                     '(learned positions); shorten it')
   return n
 
 
@@ -222,13 +224,13 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
   """
   if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
       or batch_size < 1):
-    raise ValueError(f'batch_size must be a positive integer, got '
+    raise UsageError(f'batch_size must be a positive integer, got '
                      f'{batch_size!r}.')
   if beam_size > 1 and not is_deterministic(sampler):
-    raise ValueError('Beam search does not sample; pass sampler=greedy or '
+    raise UsageError('Beam search does not sample; pass sampler=greedy or '
                      'beam_size=1.')
   if key is None and not is_deterministic(sampler):
-    raise ValueError('Sampling needs a key, e.g. key=jax.random.key(0).')
+    raise UsageError('Sampling needs a key, e.g. key=jax.random.key(0).')
   rows = encode_texts(texts, tokenizer, model, stream)
   # Decoding stops at the tokenizer's own EOS (a Hugging Face one's may not
   # be the project's id 2); None never stops early.

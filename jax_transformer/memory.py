@@ -52,6 +52,7 @@ import ml_collections
 
 from jax_transformer import attention, sharding
 from jax_transformer.config import ModelConfig
+from jax_transformer.errors import UsageError
 
 GB = 1e9
 _GIB = 2 ** 30
@@ -119,7 +120,7 @@ class Budget:
     """Refuses, in one sentence, a step that needs more than the device
     has; ``what`` says the figure and its parts."""
     if self.bytes is not None and needed > self.bytes:
-      raise ValueError(f'{what} but {self.source}; {ADVICE}.')
+      raise UsageError(f'{what} but {self.source}; {ADVICE}.')
 
 
 @dataclasses.dataclass(frozen=True)

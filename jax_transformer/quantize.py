@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_transformer.errors import UsageError
+
 Array = jax.Array
 
 DTYPES = ('float32', 'bfloat16')
@@ -162,10 +164,10 @@ def cast(model, dtype: str):
 def check(dtype: str | None, weights: str | None) -> None:
   """ValueError unless dtype and weights name something this module does."""
   if dtype is not None and dtype not in DTYPES:
-    raise ValueError(f'dtype must be None or one of {DTYPES}, got '
+    raise UsageError(f'dtype must be None or one of {DTYPES}, got '
                      f'{dtype!r}.')
   if weights is not None and weights not in WEIGHTS:
-    raise ValueError(f'weights must be None or one of {WEIGHTS}, got '
+    raise UsageError(f'weights must be None or one of {WEIGHTS}, got '
                      f'{weights!r}.')
 
 

@@ -19,6 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_transformer.errors import UsageError
+
 Array = jax.Array
 
 _BLOCKED = -jnp.inf
@@ -92,16 +94,16 @@ class Sampler:
   def __post_init__(self):
     t, k, p = self.temperature, self.top_k, self.top_p
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-      raise ValueError(f'Sampler: temperature must be a number >= 0, got '
+      raise UsageError(f'Sampler: temperature must be a number >= 0, got '
                        f'{t!r}.')
     if k is not None and (isinstance(k, bool) or not isinstance(k, int)
                           or k < 1):
-      raise ValueError(f'Sampler: top_k must be a positive integer or None, '
+      raise UsageError(f'Sampler: top_k must be a positive integer or None, '
                        f'got {k!r}.')
     if p is not None and (isinstance(p, bool)
                           or not isinstance(p, (int, float))
                           or not 0.0 < p <= 1.0):
-      raise ValueError(f'Sampler: top_p must be in (0, 1] or None, got {p!r}.')
+      raise UsageError(f'Sampler: top_p must be in (0, 1] or None, got {p!r}.')
 
   @property
   def is_greedy(self) -> bool:

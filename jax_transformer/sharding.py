@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jax_transformer.errors import UsageError
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
 
@@ -41,20 +43,21 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
   """Resolves one -1 ('the rest') and checks the product is num_devices."""
   shape = [int(sizes.get(axis, 1)) for axis in MESH_AXES]
   if shape.count(-1) > 1:
-    raise ValueError(f'At most one mesh axis may be -1, got {dict(sizes)}.')
+    raise UsageError(f'At most one mesh axis may be -1, got {dict(sizes)}.')
   if any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f'Mesh axis sizes must be positive or -1, got '
+    raise UsageError(f'Mesh axis sizes must be positive or -1, got '
                      f'{dict(sizes)}.')
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
     if num_devices % known:
-      raise ValueError(f'Mesh {dict(sizes)} does not divide the '
+      raise UsageError(f'Mesh {dict(sizes)} does not divide the '
                        f'{num_devices} devices.')
     shape[shape.index(-1)] = num_devices // known
   if math.prod(shape) != num_devices:
-    raise ValueError(
+    raise UsageError(
         f'Mesh {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} '
-        f'devices but {num_devices} are available.')
+        f'devices but {num_devices} are available; make the mesh sizes '
+        f'multiply to {num_devices}, or set one of them to -1.')
   return tuple(shape)
 
 
@@ -121,9 +124,10 @@ def check_divisible(shapes: Mapping[str, Sequence[int]],
   for name, shape in shapes.items():
     for dim, axis in zip(shape, specs[name]):
       if axis is not None and dim % mesh.shape[axis]:
-        raise ValueError(
+        raise UsageError(
             f'Parameter {name} has a dimension of {dim} that mesh axis '
-            f'{axis!r} of size {mesh.shape[axis]} does not divide.')
+            f'{axis!r} of size {mesh.shape[axis]} does not divide; change '
+            'that mesh axis or the model size.')
 
 
 def bytes_per_device(shape: Sequence[int], dtype, spec: PartitionSpec,
@@ -158,5 +162,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def check_batch(batch_size: int, mesh: Mesh) -> None:
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if batch_size % shards:
-    raise ValueError(f'Batch size {batch_size} is not divisible by the '
-                     f'{shards} data x fsdp shards of the mesh.')
+    raise UsageError(f'Batch size {batch_size} is not divisible by the '
+                     f'{shards} data x fsdp shards of the mesh; use a '
+                     f'multiple of {shards}.')

@@ -15,10 +15,14 @@ from typing import Any, Sequence
 import jax
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
 from jax.sharding import NamedSharding
 
 from jax_transformer import checkpoint, experiment, sharding
 from jax_transformer.data.tokenizers import load_tokenizer
+from jax_transformer.errors import UsageError
+from jax_transformer.params import is_scanned, to_layout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,21 +41,21 @@ class Workdir:
 def open_workdir(path: str) -> Workdir:
   """Reads config.json and tokenizer/ and lists the checkpoints.
 
-  Raises FileNotFoundError with one sentence when path is not a training
-  directory, has no tokenizer, or holds no checkpoint.
+  Raises UsageError with one sentence when path is not a training
+  directory, its config.json or tokenizer cannot be read or do not go
+  together, or it holds no checkpoint.
   """
   if not os.path.isdir(path):
-    raise FileNotFoundError(f'{path} is not a directory.')
-  cfg = checkpoint.load_config(path)
+    raise UsageError(f'{path} is not a directory; give a training workdir.')
+  try:
+    cfg = checkpoint.load_config(path)
+  except ValueError as e:  # json.JSONDecodeError
+    raise UsageError(f'{path}/{checkpoint.CONFIG_FILE} is not valid JSON '
+                     f'({e}); restore it from the training run.') from None
   if cfg is None:
-    raise FileNotFoundError(f'{path} has no {checkpoint.CONFIG_FILE}: not a '
-                            'training workdir.')
-  tokenizer_dir = os.path.join(path, checkpoint.TOKENIZER_DIR)
-  if not os.path.isdir(tokenizer_dir):
-    raise FileNotFoundError(f'{path} has no {checkpoint.TOKENIZER_DIR}/ '
-                            'directory: the tokenizer it was trained with is '
-                            'missing.')
-  tokenizer = load_tokenizer(tokenizer_dir)
+    raise UsageError(f'{path} has no {checkpoint.CONFIG_FILE}: not a '
+                     'training workdir (train.py writes one).')
+  tokenizer = _tokenizer(path)
   setup = experiment.setup(cfg, tokenizer.vocab_size)
   checkpointer = checkpoint.Checkpointer(path, async_save=False)
   try:
@@ -59,8 +63,23 @@ def open_workdir(path: str) -> Workdir:
   finally:
     checkpointer.close()
   if not steps:
-    raise FileNotFoundError(f'{path} holds no checkpoint yet.')
+    raise UsageError(f'{path} holds no checkpoint yet; train it first.')
   return Workdir(path, cfg, tokenizer, setup, steps)
+
+
+def _tokenizer(path: str):
+  """The tokenizer saved in the workdir at path (UsageError if absent)."""
+  directory = os.path.join(path, checkpoint.TOKENIZER_DIR)
+  if not os.path.isdir(directory):
+    raise UsageError(f'{path} has no {checkpoint.TOKENIZER_DIR}/ directory: '
+                     'the tokenizer it was trained with is missing; restore '
+                     'it from the training run.')
+  try:
+    return load_tokenizer(directory)
+  except (OSError, ValueError, KeyError) as e:
+    raise UsageError(f'{directory} cannot be read as a tokenizer '
+                     f'({type(e).__name__}: {e}); restore it from the '
+                     'training run.') from None
 
 
 def choose_steps(workdir: Workdir, step: int | None = None,
@@ -68,15 +87,15 @@ def choose_steps(workdir: Workdir, step: int | None = None,
   """The checkpoint steps to read: ``step`` (default the latest) and the
   ``average_last - 1`` checkpoints before it."""
   if average_last < 1:
-    raise ValueError(f'--average_last must be at least 1, got {average_last}.')
+    raise UsageError(f'--average_last must be at least 1, got {average_last}.')
   if step is None:
     step = workdir.steps[-1]
   if step not in workdir.steps:
-    raise ValueError(f'{workdir.path} has no checkpoint at step {step}; it '
+    raise UsageError(f'{workdir.path} has no checkpoint at step {step}; it '
                      f'has steps {list(workdir.steps)}.')
   upto = [s for s in workdir.steps if s <= step]
   if len(upto) < average_last:
-    raise ValueError(f'Cannot average the last {average_last} checkpoints up '
+    raise UsageError(f'Cannot average the last {average_last} checkpoints up '
                      f'to step {step}: {workdir.path} keeps only {upto}.')
   return upto[-average_last:]
 
@@ -87,21 +106,77 @@ def param_shardings(workdir: Workdir, mesh) -> dict[str, NamedSharding]:
   return {k: NamedSharding(mesh, specs[k]) for k in specs}
 
 
+_EARLIER = 'use an earlier one (--step N, or move this one aside)'
+
+
+def check_checkpoint(workdir: Workdir, step: int) -> None:
+  """Raises UsageError when the checkpoint at step has no readable
+  parameter list, or holds parameters of other names or shapes than
+  config.json and the tokenizer describe (either edited after training).
+  """
+  path = epath.Path(workdir.path) / 'checkpoints' / str(step) / 'params'
+  try:
+    saved = ocp.StandardCheckpointHandler().metadata(path)
+  except (OSError, ValueError) as e:  # missing, or not JSON
+    raise UsageError(f'Checkpoint step {step} in {workdir.path} has no '
+                     f'readable list of parameters ({_first_line(e)}): it is '
+                     f'torn or corrupt; {_EARLIER}.') from None
+  # A checkpoint written with the other scan_layers layout still fits.
+  want = to_layout(workdir.setup.abstract_params, is_scanned(saved))
+  problems = [f'{name} is missing' for name in want if name not in saved]
+  problems += [f'{name} has shape {tuple(saved[name].shape)} there but '
+               f'{tuple(x.shape)} here' for name, x in want.items()
+               if name in saved and tuple(saved[name].shape) != x.shape]
+  problems += [f'{name} is not in this model' for name in saved
+               if name not in want]
+  if problems:
+    more = f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''
+    raise UsageError(
+        f'Checkpoint step {step} in {workdir.path} does not fit the model '
+        f'that its {checkpoint.CONFIG_FILE} and {checkpoint.TOKENIZER_DIR}/ '
+        f'describe: {problems[0]}{more}; restore the files the run wrote, '
+        'or train a new workdir.')
+
+
+def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
+             abstract: dict[str, jax.ShapeDtypeStruct], step: int
+             ) -> dict[str, jax.Array]:
+  check_checkpoint(workdir, step)
+  try:
+    return checkpointer.restore_params(abstract, step)
+  except Exception as e:  # pylint: disable=broad-except
+    # Names and shapes fit (checked above), so what fails here is reading
+    # the arrays' bytes. Orbax reports that as a bare Exception whose first
+    # cause says which file and why.
+    cause = e
+    while cause.__cause__ is not None:
+      cause = cause.__cause__
+    raise UsageError(f'Checkpoint step {step} in {workdir.path} cannot be '
+                     f'read ({_first_line(cause)}): it is torn or corrupt; '
+                     f'{_EARLIER}.') from e
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return f'{type(error).__name__}: {text.splitlines()[0] if text else ""}'
+
+
 def restore_params(workdir: Workdir, steps: Sequence[int], mesh
                    ) -> dict[str, jax.Array]:
   """The parameters of one checkpoint, or their mean over several (summed
   in float64 on the host, so the order of steps does not matter), placed as
-  in training on ``mesh``."""
+  in training on ``mesh``. A checkpoint that does not fit the workdir's
+  config or cannot be read raises UsageError."""
   shardings = param_shardings(workdir, mesh)
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])
               for k, v in workdir.setup.abstract_params.items()}
   checkpointer = checkpoint.Checkpointer(workdir.path, async_save=False)
   try:
     if len(steps) == 1:
-      return checkpointer.restore_params(abstract, steps[0])
+      return _restore(checkpointer, workdir, abstract, steps[0])
     total = None
     for step in steps:
-      params = jax.device_get(checkpointer.restore_params(abstract, step))
+      params = jax.device_get(_restore(checkpointer, workdir, abstract, step))
       params = {k: np.asarray(v, np.float64) for k, v in params.items()}
       total = params if total is None else {
           k: total[k] + params[k] for k in total}
@@ -110,3 +185,15 @@ def restore_params(workdir: Workdir, steps: Sequence[int], mesh
   mean = {k: (v / len(steps)).astype(abstract[k].dtype)
           for k, v in total.items()}
   return {k: jax.device_put(v, shardings[k]) for k, v in mean.items()}
+
+
+def load(path: str, step: int | None = None
+         ) -> tuple[Workdir, dict[str, jax.Array], int]:
+  """(the workdir, the parameters of its checkpoint at ``step`` (default:
+  the latest) on this process's first device, that step), for decoding
+  or export. Bad input raises UsageError (see open_workdir)."""
+  workdir = open_workdir(path)
+  (step,) = choose_steps(workdir, step)
+  mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
+                            jax.local_devices()[:1])
+  return workdir, restore_params(workdir, [step], mesh), step

@@ -38,6 +38,9 @@ except ImportError:  # Run from a checkout without installing the package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
 
+from jax_transformer import cli  # noqa: E402
+from jax_transformer.errors import UsageError  # noqa: E402
+
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline')
 
 
@@ -47,7 +50,7 @@ def gpu_items() -> tuple[str, ...]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
   p.add_argument('--rounds', type=int, default=7,
                  help='cpu: interleaved rounds per comparison')
@@ -82,7 +85,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
   if args.suite == 'gpu':
     import jax  # pylint: disable=g-import-not-at-top
     if jax.default_backend() == 'cpu':
-      raise SystemExit('--suite gpu needs a GPU or TPU; this machine has '
+      raise UsageError('--suite gpu needs a GPU or TPU; this machine has '
                        'only CPUs.')
     from jax_transformer.bench import gpu  # pylint: disable=g-import-not-at-top
     return gpu.run(tuple(args.gpu_items.split(',')),
@@ -111,15 +114,12 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+@cli.entry_point('benchmark.py')
 def main(argv=None) -> int:
   args = parse_args(argv)
   from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
   host_memory.retain_freed_memory()  # as train.py does
-  try:
-    rows = run_suite(args)
-  except ValueError as e:  # bad input: one sentence, no traceback
-    print(f'benchmark.py: {e}', file=sys.stderr)
-    return 2
+  rows = run_suite(args)
   for row in rows:
     line = json.dumps(row)
     print(line, flush=True)

@@ -23,7 +23,6 @@ table goes to stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -35,15 +34,17 @@ except ImportError:  # Run from a checkout without installing the package.
 
 import jax  # noqa: E402
 
+from jax_transformer import cli  # noqa: E402
 from jax_transformer.bench import decode  # noqa: E402
 from jax_transformer.bench.rows import stream  # noqa: E402
+from jax_transformer.errors import UsageError  # noqa: E402
 
 OPTIONS = {'jax': {}, 'jax_bf16': {'dtype': 'bfloat16'},
            'jax_int8': {'weights': 'int8'}}
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--gpu', action='store_true',
                  help='the short GPU suite (bf16, ours only)')
   p.add_argument('--batch_sizes', default='1,8')
@@ -54,7 +55,12 @@ def parse_args(argv=None):
                  help='our sides, of ' + ', '.join(OPTIONS))
   p.add_argument('--no_encoder_decoder', action='store_true')
   p.add_argument('--output', help='also write the JSON lines here')
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  unknown = sorted(set(args.options.split(',')) - set(OPTIONS))
+  if unknown:
+    p.error(f'--options names {", ".join(unknown)}; choose from '
+            f'{", ".join(OPTIONS)}')
+  return args
 
 
 def cases(args):
@@ -85,13 +91,12 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+@cli.entry_point('benchmark_decode.py')
 def main(argv=None) -> int:
   args = parse_args(argv)
   device = jax.devices()[0]
   if args.gpu and device.platform == 'cpu':
-    print('--gpu needs a GPU or TPU; this machine has only CPUs.',
-          file=sys.stderr)
-    return 2
+    raise UsageError('--gpu needs a GPU or TPU; this machine has only CPUs.')
   bandwidth = decode.measured_bandwidth()
   peak = decode.peak_bandwidth(device.device_kind)
   rows = stream((dict(row, device=device.device_kind)

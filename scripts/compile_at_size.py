@@ -22,7 +22,6 @@ one run.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -37,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # configs/ lives beside the package
 
 from configs import lm_1_3b, lm_350m  # noqa: E402
-from jax_transformer import aot, memory  # noqa: E402
+from jax_transformer import aot, cli, memory  # noqa: E402
 from jax_transformer.bench.rows import stream  # noqa: E402
 
 MODELS = {'350m': lm_350m, '1.3b': lm_1_3b}
@@ -45,7 +44,7 @@ VOCAB = 32768
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', choices=('size', 'depth', 'all'), default='all')
   p.add_argument('--models', default='350m,1.3b',
                  help='comma-separated, of ' + ', '.join(MODELS))
@@ -137,6 +136,7 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+@cli.entry_point('compile_at_size.py')
 def main(argv=None) -> int:
   args = parse_args(argv)
   suites = {'size': [size_suite], 'depth': [depth_suite],

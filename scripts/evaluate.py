@@ -35,15 +35,15 @@ except ImportError:  # Run from a checkout without installing the package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
 
-BAD_INPUT = 2
+from jax_transformer import cli
+from jax_transformer.errors import UsageError
 
-
-class InputError(ValueError):
-  """Something wrong with the command line or the workdir: exit code 2."""
+PROG = 'evaluate.py'
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
+      prog=PROG,
       description='Score a trained model: BLEU/chrF (translation) or '
                   'loss/perplexity/bits (language model).')
   p.add_argument('--workdir', required=True, help='the training directory')
@@ -69,15 +69,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
   if args.beam_size < 1:
-    raise InputError(f'--beam_size must be at least 1, got {args.beam_size}.')
+    raise UsageError(f'--beam_size must be at least 1, got {args.beam_size}.')
   if args.alpha < 0:
-    raise InputError(f'--alpha must be >= 0, got {args.alpha}.')
+    raise UsageError(f'--alpha must be >= 0, got {args.alpha}.')
   for name in ('average_last', 'max_examples', 'batch_size'):
     value = getattr(args, name)
     if value is not None and value < 1:
-      raise InputError(f'--{name} must be at least 1, got {value}.')
+      raise UsageError(f'--{name} must be at least 1, got {value}.')
   if not os.path.isdir(args.workdir):
-    raise InputError(f'--workdir {args.workdir} is not a directory.')
+    raise UsageError(f'--workdir {args.workdir} is not a directory.')
 
 
 def output_dir(workdir: str, split: str, steps: list[int]) -> str:
@@ -122,17 +122,11 @@ def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
   from jax_transformer import evaluation, sharding, trained  # pylint: disable=g-import-not-at-top
   check_args(args)
-  try:
-    wd = trained.open_workdir(args.workdir)
-    chosen = trained.choose_steps(wd, args.step, args.average_last)
-  except (FileNotFoundError, ValueError) as e:
-    raise InputError(str(e)) from None
+  wd = trained.open_workdir(args.workdir)
+  chosen = trained.choose_steps(wd, args.step, args.average_last)
   cfg = wd.config
   split = args.split or cfg.data.eval_split
-  try:
-    evaluation.check_split(cfg, split)
-  except ValueError as e:
-    raise InputError(str(e)) from None
+  evaluation.check_split(cfg, split)
   if args.batch_size is None:
     args.batch_size = cfg.eval_batch_size
   mesh = sharding.make_mesh(cfg.mesh)
@@ -142,8 +136,8 @@ def run(args: argparse.Namespace) -> dict:
   try:
     metrics, files = (evaluate_translation if translation else evaluate_lm)(
         wd, params, mesh, args, split)
-  except FileNotFoundError as e:
-    raise InputError(str(e).splitlines()[0]) from None
+  except FileNotFoundError as e:  # the split's data is not prepared
+    raise UsageError(str(e)) from None
   result = {'workdir': args.workdir, 'split': split, 'step': chosen[-1],
             'averaged_steps': chosen, 'metrics': metrics,
             'settings': {k: v for k, v in vars(args).items()
@@ -161,14 +155,9 @@ def run(args: argparse.Namespace) -> dict:
   return result
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
-  args = parse_args(argv)
-  try:
-    result = run(args)
-  except InputError as e:
-    print(f'evaluate.py: {e}', file=sys.stderr)
-    return BAD_INPUT
-  print(json.dumps(result))
+  print(json.dumps(run(parse_args(argv))))
   return 0
 
 

@@ -61,16 +61,18 @@ except ImportError:  # Run from a checkout without installing the package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
 
+from jax_transformer import cli
 from jax_transformer import export as export_lib
 
-BAD_INPUT, VERIFY_FAILED = 2, 1
+PROG = 'export.py'
+VERIFY_FAILED = 1
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
+      prog=PROG,
       description='Export a trained checkpoint as a PyTorch state_dict, a '
-                  'Hugging Face GPT-2 directory or a safetensors file.',
-      allow_abbrev=False)
+                  'Hugging Face GPT-2 directory or a safetensors file.')
   p.add_argument('--workdir', required=True,
                  help='training directory (config.json, tokenizer/, '
                       'checkpoints/)')
@@ -86,28 +88,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  try:
-    trained = export_lib.load_workdir(args.workdir, args.step)
-    for note in export_lib.write(trained, args.format, args.out):
+  trained = export_lib.load_workdir(args.workdir, args.step)
+  for note in export_lib.write(trained, args.format, args.out):
+    print(note)
+  print(f'Wrote {args.out} ({args.format}) from step {trained.step} of '
+        f'{args.workdir}.')
+  if args.verify:
+    batches, inputs, note = export_lib.verification_batches(trained)
+    if note:
       print(note)
-    print(f'Wrote {args.out} ({args.format}) from step {trained.step} of '
-          f'{args.workdir}.')
-    if args.verify:
-      batches, inputs, note = export_lib.verification_batches(trained)
-      if note:
-        print(note)
-      result = export_lib.verify(trained, args.format, args.out, batches,
-                                 inputs)
-      print(result)
+    result = export_lib.verify(trained, args.format, args.out, batches,
+                               inputs)
+    print(result)
+    try:
       export_lib.check_verified(result, args.tolerance)
-  except export_lib.InputError as e:
-    print(f'export.py: {e}', file=sys.stderr)
-    return BAD_INPUT
-  except export_lib.VerificationError as e:
-    print(f'export.py: {e}', file=sys.stderr)
-    return VERIFY_FAILED
+    except export_lib.VerificationError as e:
+      print(f'{PROG}: {e}', file=sys.stderr)
+      return VERIFY_FAILED
   return 0
 
 

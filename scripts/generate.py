@@ -46,19 +46,17 @@ except ImportError:  # Run from a checkout without installing the package.
 
 import jax
 
-from jax_transformer import data, inference, quantize
+from jax_transformer import cli, data, inference, quantize
+from jax_transformer.errors import UsageError
 from jax_transformer.models import EncoderDecoder
 from jax_transformer.sampling import Sampler, greedy
 
-BAD_INPUT = 2
-
-
-class InputError(ValueError):
-  """Something wrong with the command line or the text: exit code 2."""
+PROG = 'generate.py'
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
+      prog=PROG,
       description='Translate (encoder-decoder) or continue (decoder-only) '
                   'a text, or each line of a file, with a trained '
                   'checkpoint.')
@@ -100,30 +98,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-  """Raises InputError for anything wrong before the checkpoint is read."""
+  """Raises UsageError for anything wrong before the checkpoint is read."""
   if args.input is not None and inference.is_blank(args.input):
-    raise InputError('--input is empty; give the text to translate or to '
+    raise UsageError('--input is empty; give the text to translate or to '
                      'continue.')
   if args.output_file != '-':
     if args.input is not None:
-      raise InputError('--output_file goes with --input_file; --input '
+      raise UsageError('--output_file goes with --input_file; --input '
                        'prints its output.')
     folder = os.path.dirname(args.output_file) or '.'
     if not os.path.isdir(folder):
-      raise InputError(f'--output_file {args.output_file}: the folder '
+      raise UsageError(f'--output_file {args.output_file}: the folder '
                        f'{folder} does not exist.')
   for flag in ('beam_size', 'batch_size'):
     if getattr(args, flag) < 1:
-      raise InputError(f'--{flag} must be at least 1, got '
+      raise UsageError(f'--{flag} must be at least 1, got '
                        f'{getattr(args, flag)}.')
   sampling = (args.temperature, args.top_k, args.top_p)
   if args.beam_size > 1 and any(x is not None for x in sampling):
-    raise InputError('Beam search does not sample: drop --temperature, '
+    raise UsageError('Beam search does not sample: drop --temperature, '
                      '--top_k and --top_p, or use --beam_size 1.')
   if args.alpha < 0:
-    raise InputError(f'--alpha must be >= 0, got {args.alpha}.')
+    raise UsageError(f'--alpha must be >= 0, got {args.alpha}.')
   if args.max_new_tokens is not None and args.max_new_tokens < 1:
-    raise InputError('--max_new_tokens must be at least 1, got '
+    raise UsageError('--max_new_tokens must be at least 1, got '
                      f'{args.max_new_tokens}.')
   make_sampler(args)
 
@@ -135,8 +133,8 @@ def make_sampler(args: argparse.Namespace):
   try:
     return Sampler(1.0 if args.temperature is None else args.temperature,
                    args.top_k, args.top_p)
-  except ValueError as e:
-    raise InputError(str(e).replace('Sampler: ', '--', 1)) from None
+  except UsageError as e:
+    raise UsageError(str(e).replace('Sampler: ', '--', 1)) from None
 
 
 def translate_batch(model, tokenizer, texts: Sequence[str],
@@ -146,16 +144,11 @@ def translate_batch(model, tokenizer, texts: Sequence[str],
   translation, or the text followed by its continuation ('' for a blank
   text). The decoding flags come from args; inference.TextError names a
   text that cannot be decoded."""
-  try:
-    outputs = inference.decode_texts(
-        model, tokenizer, texts, stream=stream, beam_size=args.beam_size,
-        alpha=args.alpha, sampler=make_sampler(args),
-        key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, progress=progress)
-  except inference.TextError:
-    raise
-  except ValueError as e:
-    raise InputError(str(e)) from None
+  outputs = inference.decode_texts(
+      model, tokenizer, texts, stream=stream, beam_size=args.beam_size,
+      alpha=args.alpha, sampler=make_sampler(args),
+      key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
+      batch_size=args.batch_size, progress=progress)
   if isinstance(model, EncoderDecoder):
     return outputs
   return [text + out if out or not inference.is_blank(text) else ''
@@ -170,7 +163,7 @@ def run(model, tokenizer, args: argparse.Namespace,
   try:
     return translate_batch(model, tokenizer, [args.input], args, stream)[0]
   except inference.TextError as e:
-    raise InputError(f'--input {e.reason}.') from None
+    raise UsageError(f'--input {e.reason}.') from None
 
 
 def read_lines(path: str) -> list[str]:
@@ -182,12 +175,12 @@ def read_lines(path: str) -> list[str]:
       with open(path, encoding='utf-8') as f:
         text = f.read()
   except FileNotFoundError:
-    raise InputError(f'--input_file {path} does not exist.') from None
+    raise UsageError(f'--input_file {path} does not exist.') from None
   except (OSError, UnicodeDecodeError) as e:
-    raise InputError(f'--input_file {path} cannot be read as UTF-8 text '
+    raise UsageError(f'--input_file {path} cannot be read as UTF-8 text '
                      f'({e}).') from None
   if not text:
-    raise InputError(f'--input_file {path} is empty; give one text per '
+    raise UsageError(f'--input_file {path} is empty; give one text per '
                      'line.')
   return [line.rstrip('\r') for line in text.removesuffix('\n').split('\n')]
 
@@ -202,7 +195,7 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
     with open(path, 'w', encoding='utf-8') as f:
       f.write(text)
   except OSError as e:
-    raise InputError(f'--output_file {path} cannot be written ({e}).'
+    raise UsageError(f'--output_file {path} cannot be written ({e}).'
                      ) from None
 
 
@@ -213,43 +206,41 @@ def translate_file(model, tokenizer, lines: Sequence[str],
     outputs = translate_batch(model, tokenizer, lines, args, stream,
                               progress=True)
   except inference.TextError as e:
-    raise InputError(f'Line {e.index + 1} of --input_file '
+    raise UsageError(f'Line {e.index + 1} of --input_file '
                      f'{args.input_file} {e.reason}.') from None
   write_lines(args.output_file, outputs)
 
 
 def _load(workdir: str):
   """(model, tokenizer, stream): stream if an LM saw raw token windows."""
-  from jax_transformer import checkpoint  # pylint: disable=g-import-not-at-top
-  model, tokenizer = checkpoint.load_for_inference(workdir)
-  cfg = checkpoint.load_config(workdir)
+  from jax_transformer import trained  # pylint: disable=g-import-not-at-top
+  opened, params, _ = trained.load(workdir)
+  model = opened.model(params)
   stream = (not isinstance(model, EncoderDecoder)
-            and data.get_spec(cfg.data.name).lm_mode == 'stream')
-  return model, tokenizer, stream
+            and data.get_spec(opened.config.data.name).lm_mode == 'stream')
+  return model, opened.tokenizer, stream
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None,
          load: Callable[[str], tuple] | None = None) -> int:
   """load(workdir) -> (model, tokenizer, stream); tests inject one."""
   args = parse_args(argv)
-  try:
-    check_args(args)
-    if not os.path.isdir(args.workdir):
-      raise InputError(f'--workdir {args.workdir} is not a directory.')
-    if args.input_file is not None:
-      # Before loading: a bad file costs no checkpoint restore.
-      lines = read_lines(args.input_file)
-    model, tokenizer, stream = (load or _load)(args.workdir)
-    # Once, before decoding: each batch then reuses the converted weights.
-    model = quantize.for_decoding(model, args.dtype,
-                                  'int8' if args.int8 else None)
-    if args.input is not None:
-      print(run(model, tokenizer, args, stream))
-    else:
-      translate_file(model, tokenizer, lines, args, stream)
-  except InputError as e:
-    print(f'generate.py: {e}', file=sys.stderr)
-    return BAD_INPUT
+  check_args(args)
+  if not os.path.isdir(args.workdir):
+    raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
+                     'training workdir.')
+  if args.input_file is not None:
+    # Before loading: a bad file costs no checkpoint restore.
+    lines = read_lines(args.input_file)
+  model, tokenizer, stream = (load or _load)(args.workdir)
+  # Once, before decoding: each batch then reuses the converted weights.
+  model = quantize.for_decoding(model, args.dtype,
+                                'int8' if args.int8 else None)
+  if args.input is not None:
+    print(run(model, tokenizer, args, stream))
+  else:
+    translate_file(model, tokenizer, lines, args, stream)
   return 0
 
 

@@ -47,18 +47,19 @@ except ImportError:  # Run from a checkout without installing the package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
 
-from jax_transformer import import_params
-from jax_transformer.export import InputError
+from jax_transformer import cli, import_params
+from jax_transformer.errors import UsageError
 
-BAD_INPUT = 2
+PROG = 'import_params.py'
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
+      prog=PROG,
       description='Import a PyTorch, Hugging Face or safetensors file into '
                   'a new training workdir.',
       epilog='Any --config.a.b=value overrides a config field, as in '
-             'train.py.', allow_abbrev=False)
+             'train.py.')
   p.add_argument('--from', dest='source', required=True,
                  help='Hugging Face GPT-2 directory, safetensors file or '
                       'PyTorch state_dict')
@@ -73,42 +74,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load_config(spec: str, overrides: Sequence[str]):
   """The ConfigDict of configs/NAME.py[:preset] with --config.* overrides,
-  parsed as train.py parses them (ml_collections config_flags)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  path = spec.split(':')[0]
-  if not os.path.isfile(path):
-    raise InputError(f'--config {path} does not exist.')
-  # configs/NAME.py imports configs.common: its checkout must be importable.
-  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  argv = ['import_params.py', '--config', spec, *overrides]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file('config', None, 'experiment config',
-                                  flag_values=values, sys_argv=argv)
-  try:
-    rest = values(argv)
-    cfg = values.config
-  except AttributeError as e:
-    raise InputError(f'{spec} has no field {e} to override.') from None
-  except Exception as e:  # pylint: disable=broad-except
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    raise InputError(f'--config {spec}: {lines[-1] if lines else e}') from None
-  if len(rest) > 1:
-    raise InputError(f'Unexpected arguments {rest[1:]}; overrides look like '
+  parsed as train.py parses them."""
+  cfg, _, rest = cli.parse_config_flags([PROG, '--config', spec, *overrides])
+  if rest:
+    raise UsageError(f'Unexpected arguments {rest}; overrides look like '
                      '--config.a.b=value.')
   return cfg
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  try:
-    cfg = load_config(args.config, args.overrides)
-    done = import_params.import_into(args.source, cfg, args.workdir)
-  except InputError as e:
-    print(f'import_params.py: {e}', file=sys.stderr)
-    return BAD_INPUT
+  cfg = load_config(args.config, args.overrides)
+  done = import_params.import_into(args.source, cfg, args.workdir)
   mc = done.model_config
   print(f'Imported {args.source} into {args.workdir} at step {done.step} '
         f'({cfg.model_kind}, d_model {mc.d_model}, '

@@ -24,9 +24,10 @@ except ImportError:  # Run from a checkout without installing the package.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
 
-from jax_transformer import metrics
+from jax_transformer import cli, metrics
+from jax_transformer.errors import UsageError
 
-BAD_INPUT = 2
+PROG = 'plot_metrics.py'
 # (panel title, [(metric key, line style, legend name)]); the first key of
 # a pair that a row holds is used, so older runs without nll show loss.
 PANELS = (
@@ -36,10 +37,6 @@ PANELS = (
 )
 
 
-class InputError(ValueError):
-  """A workdir without metrics, or an unusable --out: exit code 2."""
-
-
 class Run(NamedTuple):
   name: str
   rows: list[dict]
@@ -47,7 +44,8 @@ class Run(NamedTuple):
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(
+  p = cli.ArgumentParser(
+      prog=PROG,
       description='Plot train/eval loss and BLEU of training runs against '
                   'steps and tokens seen.')
   p.add_argument('workdirs', nargs='+', metavar='WORKDIR',
@@ -59,13 +57,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load_run(workdir: str, name: str) -> Run:
   if not os.path.isdir(workdir):
-    raise InputError(f'{workdir} is not a directory.')
+    raise UsageError(f'{workdir} is not a directory.')
   if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
-    raise InputError(f'{workdir} has no metrics.jsonl; is it a training '
+    raise UsageError(f'{workdir} has no metrics.jsonl; is it a training '
                      'directory that has logged a step?')
   rows = metrics.read_history(workdir)
   if not rows:
-    raise InputError(f'{workdir}/metrics.jsonl holds no rows yet.')
+    raise UsageError(f'{workdir}/metrics.jsonl holds no rows yet.')
   tokens = None
   if all('target_tokens' in row for row in rows):
     total, tokens = 0.0, []
@@ -132,28 +130,25 @@ def plot(runs: Sequence[Run], out: str) -> None:
   try:
     fig.savefig(out, dpi=100)
   except ValueError as e:  # an unknown format
-    raise InputError(f'--out {out}: {e}') from None
+    raise UsageError(f'--out {out}: {e}') from None
   finally:
     plt.close(fig)
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  try:
-    folder = os.path.dirname(args.out) or '.'
-    if not os.path.isdir(folder):
-      raise InputError(f'--out {args.out}: the folder {folder} does not '
-                       'exist.')
-    runs = [load_run(w, n)
-            for w, n in zip(args.workdirs, run_names(args.workdirs))]
-    for run in runs:
-      if run.tokens is None:
-        print(f'plot_metrics.py: {run.name} logs no target_tokens (older '
-              'trainer); it is left out of the tokens row.', file=sys.stderr)
-    plot(runs, args.out)
-  except InputError as e:
-    print(f'plot_metrics.py: {e}', file=sys.stderr)
-    return BAD_INPUT
+  folder = os.path.dirname(args.out) or '.'
+  if not os.path.isdir(folder):
+    raise UsageError(f'--out {args.out}: the folder {folder} does not '
+                     'exist.')
+  runs = [load_run(w, n)
+          for w, n in zip(args.workdirs, run_names(args.workdirs))]
+  for run in runs:
+    if run.tokens is None:
+      print(f'{PROG}: {run.name} logs no target_tokens (older trainer); it '
+            'is left out of the tokens row.', file=sys.stderr)
+  plot(runs, args.out)
   return 0
 
 

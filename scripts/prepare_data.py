@@ -22,11 +22,12 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+from jax_transformer import cli  # pylint: disable=g-import-not-at-top
 from jax_transformer.data import datasets  # pylint: disable=g-import-not-at-top
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p = cli.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--dataset', required=True, choices=sorted(datasets.DATASETS))
   p.add_argument('--data_dir', default=None,
                  help='TFDS data dir (default: %(default)s -> '
@@ -71,7 +72,8 @@ def show_examples(spec, source, tokenizer, count: int) -> None:
               f'{" ..." if len(ids) > 16 else ""}')
 
 
-def main(argv=None) -> None:
+@cli.entry_point('prepare_data.py')
+def main(argv=None) -> int:
   args = parse_args(argv)
   start = time.time()
   prepared = datasets.prepare(
@@ -91,7 +93,8 @@ def main(argv=None) -> None:
   print(f'train tokens per example: '
         f'{describe_lengths(spec, source, prepared.tokenizer)}')
   show_examples(spec, source, prepared.tokenizer, args.num_examples)
+  return 0
 
 
 if __name__ == '__main__':
-  main()
+  sys.exit(main())

@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from jax_transformer.errors import UsageError
+
 STEPS = 600
 EVAL_EVERY = 100
 HPARAMS = dict(n_layer=4, n_head=4, n_embd=128, block_size=128,
@@ -158,7 +160,7 @@ def loss_at(curve: list[dict], seconds: float) -> float | None:
 
 def run(nanogpt_dir: str, steps: int = STEPS) -> list[dict]:
   if not os.path.exists(os.path.join(nanogpt_dir, 'model.py')):
-    raise ValueError(f'{nanogpt_dir} is not a nanoGPT clone (no model.py); '
+    raise UsageError(f'{nanogpt_dir} is not a nanoGPT clone (no model.py); '
                      'git clone https://github.com/karpathy/nanoGPT and '
                      'pass --nanogpt_dir.')
   with tempfile.TemporaryDirectory() as work:

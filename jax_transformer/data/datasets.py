@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from jax_transformer.data import tokenizers as tok
+from jax_transformer.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,8 @@ DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
 
 def get_spec(name: str) -> DatasetSpec:
   if name not in DATASETS:
-    raise ValueError(f'Unknown dataset {name!r}; known: {sorted(DATASETS)}')
+    raise UsageError(f'Unknown dataset {name!r}; choose one of '
+                     f'{sorted(DATASETS)}.')
   return DATASETS[name]
 
 

@@ -46,6 +46,7 @@ from jax_transformer.data import batching
 from jax_transformer.data.datasets import (DatasetSpec, as_text, get_spec,
                                            load_source)
 from jax_transformer.data.tokenizers import ByteTokenizer, EOS_ID, Tokenizer
+from jax_transformer.errors import UsageError
 
 DIRECTIONS = ('en-de', 'de-en')
 
@@ -92,18 +93,18 @@ def translation_keys(spec: DatasetSpec, direction: str | None
                      ) -> tuple[str, str]:
   """(source feature, target feature) for 'en-de' / 'de-en'."""
   if direction not in DIRECTIONS:
-    raise ValueError(f"{spec.name} is a translation dataset: set direction to "
+    raise UsageError(f"{spec.name} is a translation dataset: set direction to "
                      f"one of {DIRECTIONS} (source-target), got {direction!r}")
   src, tgt = direction.split('-')
   if {src, tgt} != set(spec.languages):
-    raise ValueError(f'{spec.name} has languages {spec.languages}; direction '
+    raise UsageError(f'{spec.name} has languages {spec.languages}; direction '
                      f'{direction!r} does not match them.')
   return src, tgt
 
 
 def _local_batch_size(batch_size: int, process_count: int) -> int:
   if batch_size % process_count:
-    raise ValueError(f'Global batch size {batch_size} is not divisible by '
+    raise UsageError(f'Global batch size {batch_size} is not divisible by '
                      f'the {process_count} processes.')
   return batch_size // process_count
 
@@ -157,7 +158,7 @@ def _lm_stream_dataset(source, spec, tokenizer, *, seq_len, local_batch,
   tokens = stream_tokens(source, spec, tokenizer)
   n = batching.num_lm_windows(len(tokens), seq_len)
   if n == 0:
-    raise ValueError(f'{spec.name} has {len(tokens)} tokens: too few for one '
+    raise UsageError(f'{spec.name} has {len(tokens)} tokens: too few for one '
                      f'window of {seq_len + 1}.')
   ds = grain.MapDataset.range(n)[process_index::process_count]
   if evaluation:

@@ -41,6 +41,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from jax_transformer.errors import UsageError
+
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
@@ -137,7 +139,7 @@ class SentencePieceTokenizer(_ReservedIds):
     ids = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
            self._sp.unk_id())
     if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-      raise ValueError(
+      raise UsageError(
           f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; this '
           f'project needs {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}. Train it with '
           'SentencePieceTokenizer.train.')
@@ -160,7 +162,7 @@ class SentencePieceTokenizer(_ReservedIds):
     """
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     if model_type not in ('unigram', 'bpe'):
-      raise ValueError(f"model_type must be 'unigram' or 'bpe', not "
+      raise UsageError(f"model_type must be 'unigram' or 'bpe', not "
                        f'{model_type!r}')
     model = io.BytesIO()
     spm.set_random_generator_seed(0)  # the line sample is then reproducible
@@ -250,7 +252,7 @@ class HuggingFaceTokenizer:
     self.special_tokens = {k: special_tokens.get(k) for k in _HF_SPECIALS}
     for name, token in self.special_tokens.items():
       if token is not None and self._tok.token_to_id(token) is None:
-        raise ValueError(f'The {name} token {token!r} is not in the '
+        raise UsageError(f'The {name} token {token!r} is not in the '
                          'tokenizer\'s vocabulary.')
 
   @classmethod
@@ -395,7 +397,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     with open(os.path.join(directory, config['model_file']),
               encoding='utf-8') as f:
       return HuggingFaceTokenizer(f.read(), config['special_tokens'])
-  raise ValueError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
+  raise UsageError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
 
 
 def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
@@ -409,7 +411,7 @@ def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
       raise ValueError('A SentencePiece tokenizer needs training texts.')
     return SentencePieceTokenizer.train(texts, vocab_size,
                                         model_type=model_type)
-  raise ValueError(f"Unknown tokenizer kind {kind!r}: 'byte' or "
+  raise UsageError(f"Unknown tokenizer kind {kind!r}: 'byte' or "
                    "'sentencepiece'.")
 
 

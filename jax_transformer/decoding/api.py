@@ -20,6 +20,7 @@ from jax_transformer.decoding.loop import TokenChooser, generate_jit
 from jax_transformer.decoding.results import (BOS_ID, EOS_ID,
                                               EXTRA_NEW_TOKENS, PAD_ID,
                                               BeamResult, Generation)
+from jax_transformer.errors import UsageError
 from jax_transformer.models import DecoderLM, EncoderDecoder
 from jax_transformer.sampling import greedy, is_deterministic
 
@@ -82,7 +83,7 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
                     'jax_transformer.sampling.greedy or Sampler(...).')
   if key is None:
     if not is_deterministic(sampler):
-      raise ValueError('Sampling needs a key, e.g. key=jax.random.key(0); '
+      raise UsageError('Sampling needs a key, e.g. key=jax.random.key(0); '
                        'only a greedy sampler runs without one.')
     key = jax.random.key(0)
   inputs = prepare(model, prompt_ids, prompt_mask, src_ids, src_mask,
@@ -123,7 +124,7 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   k = check_positive('beam_size', beam_size)
   if (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
       or not alpha >= 0):
-    raise ValueError(f'alpha must be a number >= 0, got {alpha!r}.')
+    raise UsageError(f'alpha must be a number >= 0, got {alpha!r}.')
   inputs = prepare(model, prompt_ids, prompt_mask, src_ids, src_mask,
                     pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
   t = inputs.prompt.shape[1]
@@ -133,7 +134,7 @@ def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
     if model.config.positional == 'learned':
       max_len = min(max_len, model.config.max_len - t)
       if max_len < 1:
-        raise ValueError(f'The prompt (padded to {t} tokens) leaves no room '
+        raise UsageError(f'The prompt (padded to {t} tokens) leaves no room '
                          f"under the model's max_len="
                          f'{model.config.max_len} (learned positions).')
   n = check_positive('max_len', max_len)

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_transformer.errors import UsageError
 from jax_transformer.models import DecoderLM, EncoderDecoder
 
 Array = jax.Array
@@ -30,13 +31,13 @@ def ids_and_mask(name: str, ids, mask, pad_id: int,
   if not hasattr(ids, 'shape'):
     ids = np.asarray(ids)
   if ids.ndim != 2:
-    raise ValueError(f'{name} must be 2-D [batch, length]; got shape '
+    raise UsageError(f'{name} must be 2-D [batch, length]; got shape '
                      f'{tuple(ids.shape)} (use ids[None] for one sequence).')
   if ids.shape[0] == 0 or ids.shape[1] == 0:
-    raise ValueError(f'{name} is empty (shape {tuple(ids.shape)}); give at '
+    raise UsageError(f'{name} is empty (shape {tuple(ids.shape)}); give at '
                      'least one sequence of at least one token.')
   if not jnp.issubdtype(ids.dtype, jnp.integer):
-    raise ValueError(f'{name} must hold integer token ids, got dtype '
+    raise UsageError(f'{name} must hold integer token ids, got dtype '
                      f'{ids.dtype}.')
   mask_name = name.replace('ids', 'mask')
   if mask is None:
@@ -45,21 +46,22 @@ def ids_and_mask(name: str, ids, mask, pad_id: int,
     if not hasattr(mask, 'shape'):
       mask = np.asarray(mask)
     if tuple(mask.shape) != tuple(ids.shape):
-      raise ValueError(f'{mask_name} has shape {tuple(mask.shape)} but '
+      raise UsageError(f'{mask_name} has shape {tuple(mask.shape)} but '
                        f'{name} has shape {tuple(ids.shape)}.')
   host_ids, host_mask = concrete(ids), concrete(mask)
   if host_ids is not None and host_mask is not None:
     host_mask = host_mask.astype(bool)
     empty = np.flatnonzero(~host_mask.any(axis=1))
     if empty.size:
-      raise ValueError(f'Row {empty[0]} of {name} has no real tokens (empty '
+      raise UsageError(f'Row {empty[0]} of {name} has no real tokens (empty '
                        f'input); every row needs at least one token that is '
                        f'not pad_id={pad_id} (or True in {mask_name}).')
     real = host_ids[host_mask]
     bad = real[(real < 0) | (real >= vocab_size)]
     if bad.size:
-      raise ValueError(f'{name} holds token id {int(bad[0])}, outside the '
-                       f"model's vocabulary [0, {vocab_size}).")
+      raise UsageError(f'{name} holds token id {int(bad[0])}, outside the '
+                       f"model's vocabulary [0, {vocab_size}); encode the "
+                       'text with the tokenizer the model was trained with.')
   return jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
 
 
@@ -68,14 +70,14 @@ def check_id(name: str, value, vocab_size: int, optional: bool = False):
     return
   if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
       or not 0 <= value < vocab_size):
-    raise ValueError(f'{name}={value!r} must be a token id in [0, '
+    raise UsageError(f'{name}={value!r} must be a token id in [0, '
                      f'{vocab_size}){" or None" if optional else ""}.')
 
 
 def check_positive(name: str, value) -> int:
   if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
       or value < 1):
-    raise ValueError(f'{name} must be a positive integer, got {value!r}.')
+    raise UsageError(f'{name} must be a positive integer, got {value!r}.')
   return int(value)
 
 
@@ -99,28 +101,28 @@ def prepare(model, prompt_ids, prompt_mask, src_ids, src_mask, *,
   src = None
   if isinstance(model, EncoderDecoder):
     if src_ids is None:
-      raise ValueError('An EncoderDecoder needs src_ids [batch, source '
+      raise UsageError('An EncoderDecoder needs src_ids [batch, source '
                        'length], the sentences to translate.')
     src, src_mask = ids_and_mask('src_ids', src_ids, src_mask, pad_id, vocab)
     if prompt_ids is None:
       if prompt_mask is not None:
-        raise ValueError('prompt_mask was given without prompt_ids.')
+        raise UsageError('prompt_mask was given without prompt_ids.')
       prompt_ids = np.full((src.shape[0], 1), bos_id, np.int32)
   else:
     if src_ids is not None or src_mask is not None:
-      raise ValueError('A DecoderLM has no source: pass the text to continue '
+      raise UsageError('A DecoderLM has no source: pass the text to continue '
                        'as prompt_ids, not src_ids.')
     if prompt_ids is None:
-      raise ValueError('A DecoderLM needs prompt_ids [batch, length] with at '
+      raise UsageError('A DecoderLM needs prompt_ids [batch, length] with at '
                        'least one token per row (e.g. BOS).')
   prompt, prompt_mask = ids_and_mask('prompt_ids', prompt_ids, prompt_mask,
                                       pad_id, vocab)
   if src is not None and src.shape[0] != prompt.shape[0]:
-    raise ValueError(f'src_ids has {src.shape[0]} rows but prompt_ids has '
+    raise UsageError(f'src_ids has {src.shape[0]} rows but prompt_ids has '
                      f'{prompt.shape[0]}; give one target prefix per source.')
   for name, ids in (('src_ids', src), ('prompt_ids', prompt)):
     if ids is not None and ids.shape[1] > model.config.max_len:
-      raise ValueError(f'{name} has length {ids.shape[1]}, longer than the '
+      raise UsageError(f'{name} has length {ids.shape[1]}, longer than the '
                        f"model's max_len={model.config.max_len}.")
   return Inputs(prompt, prompt_mask, src, src_mask)
 
@@ -129,7 +131,7 @@ def check_total_length(model, prompt_len: int, new_tokens: int,
                         new_name: str) -> None:
   max_len = model.config.max_len
   if model.config.positional == 'learned' and prompt_len + new_tokens > max_len:
-    raise ValueError(
+    raise UsageError(
         f'The prompt (padded to {prompt_len} tokens) plus {new_name}='
         f"{new_tokens} exceeds the model's max_len={max_len} (learned "
         'positions); shorten one of them.')
@@ -146,11 +148,11 @@ def resolve_mesh(mesh: Mesh | None, batch_size: int) -> Mesh | None:
     if mesh.empty:
       return None
   if 'data' not in mesh.axis_names:
-    raise ValueError(f"The mesh has axes {mesh.axis_names}; decoding shards "
+    raise UsageError(f"The mesh has axes {mesh.axis_names}; decoding shards "
                      "the batch over an axis named 'data'.")
   data = mesh.shape['data']
   if batch_size % data:
-    raise ValueError(f'Batch size {batch_size} is not divisible by the '
+    raise UsageError(f'Batch size {batch_size} is not divisible by the '
                      f"mesh's 'data' axis ({data}); pad the batch.")
   if any(t != AxisType.Auto for t in mesh.axis_types):
     mesh = Mesh(mesh.devices, mesh.axis_names,
