@@ -74,9 +74,13 @@ def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
 
 def test_side_files_are_written_whole(tmp_path):
   cfg = lm_shakespeare.get_config('tiny')
-  (tmp_path / 'tokenizer.tmp').mkdir()  # left by a killed earlier start
+  # tokenizer/ without its fingerprint: a start killed while writing it.
+  (tmp_path / 'tokenizer').mkdir()
+  (tmp_path / 'tokenizer' / 'spm.model').write_bytes(b'torn')
   checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
-  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer']
+  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer',
+                                          'tokenizer.sha256']
+  assert os.listdir(tmp_path / 'tokenizer') == ['tokenizer.json']
   assert checkpoint.load_config(str(tmp_path)).seq_len == cfg.seq_len
 
 

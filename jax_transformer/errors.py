@@ -1,0 +1,11 @@
+"""The error a user can act on: bad configuration or bad input.
+
+Raised with one sentence saying what is wrong and what to do. Command-line
+entry points print it on one line and exit with status 2; any other
+exception keeps its traceback, since it is a bug. A subclass of ValueError,
+so callers catching ValueError keep working.
+"""
+
+
+class UsageError(ValueError):
+  """Bad configuration or input, explained in one sentence."""

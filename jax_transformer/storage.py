@@ -1,0 +1,115 @@
+"""Where a run's files live: a local path or object storage, one path type.
+
+Workdir I/O goes through ``etils.epath``, the path type Orbax (checkpoints)
+and TFDS already use, so ``--workdir gs://bucket/run`` keeps config.json,
+tokenizer/, metrics.jsonl and the checkpoints in the bucket. Object storage
+needs its filesystem package (gcsfs for gs://, s3fs for s3://, or
+TensorFlow's gfile); without it a run is refused in one sentence before any
+work, never written to a local folder named ``gs:``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+from etils import epath
+
+from jax_transformer.errors import UsageError
+
+# The schemes Orbax's array store (TensorStore) writes, and the fsspec
+# filesystem (and the package providing it) epath uses for each.
+REMOTE_SCHEMES = {'gs': ('gcs', 'gcsfs'), 's3': ('s3', 's3fs')}
+
+
+def scheme(location: str | os.PathLike) -> str | None:
+  """'gs' for 'gs://bucket/run'; None for a local path."""
+  text = os.fspath(location)
+  return text.split('://', 1)[0] if '://' in text else None
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+  return scheme(location) is not None
+
+
+def _tensorflow_installed() -> bool:
+  try:
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+def check_backend(location: str, flag: str = '--workdir') -> None:
+  """Refuses, in one sentence, a location this machine cannot write."""
+  kind = scheme(location)
+  if kind is None:
+    return
+  if kind not in REMOTE_SCHEMES:
+    raise UsageError(
+        f'{flag}={location}: runs can be kept on a local or mounted path, '
+        f'gs:// or s3://, not {kind}://.')
+  if _tensorflow_installed():  # epath then reads and writes with tf.io.gfile
+    return
+  protocol, package = REMOTE_SCHEMES[kind]
+  import fsspec  # pylint: disable=g-import-not-at-top
+  try:
+    fsspec.get_filesystem_class(protocol)
+  except (ImportError, ValueError):
+    raise UsageError(
+        f'{flag}={location} needs the {package} package to reach {kind}:// '
+        f'(pip install {package}); nothing was written.') from None
+
+
+def path(location: str | os.PathLike, flag: str = '--workdir') -> epath.Path:
+  """location as a path: local ones absolute, remote ones checked."""
+  if isinstance(location, epath.Path) and is_remote(location):
+    return location
+  location = os.fspath(location)
+  check_backend(location, flag)
+  if is_remote(location):
+    return epath.Path(location)
+  return epath.Path(os.path.abspath(os.path.expanduser(location)))
+
+
+def write_atomic(target: epath.Path, data: str | bytes) -> None:
+  """target holds data whole, or its old content, whatever kills the
+  process: a local file is written beside and renamed; an object store
+  already replaces an object in one step."""
+  target = epath.Path(target)
+  local = not is_remote(target)
+  partial = (target.with_name(f'.{target.name}.{uuid.uuid4().hex}.tmp')
+             if local else target)
+  if isinstance(data, bytes):
+    partial.write_bytes(data)
+  else:
+    partial.write_text(data)
+  if local:
+    os.replace(partial, target)
+
+
+def check_writable(workdir: epath.Path, need_bytes: int = 0,
+                   who: str = '') -> None:
+  """Refuses a workdir this process cannot write, or (local disks) whose
+  free space is below need_bytes (about one checkpoint), in one sentence.
+
+  who names the process in multi-host runs (e.g. ' on process 3').
+  """
+  probe = workdir / f'.write-check-{uuid.uuid4().hex}'
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    probe.write_text('ok')
+    probe.unlink()
+  except OSError as err:
+    raise UsageError(f'Cannot write the workdir {workdir}{who} '
+                     f'({err.strerror or err}); choose a writable '
+                     '--workdir.') from None
+  if need_bytes and not is_remote(workdir):
+    free = shutil.disk_usage(workdir).free
+    if free < need_bytes:
+      raise UsageError(
+          f'The disk holding {workdir}{who} has {free / 2**30:.2f} GiB '
+          f'free, less than one checkpoint needs (about '
+          f'{need_bytes / 2**30:.2f} GiB); free space or choose another '
+          '--workdir.')
