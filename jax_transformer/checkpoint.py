@@ -168,10 +168,8 @@ class Checkpointer:
     """Raises SaveFailed if a background save has failed (cheap: call it
     every step, so a failed write stops the run at once rather than at the
     next save)."""
-    try:
-      self.manager.check_for_errors()
-    except Exception as err:  # pylint: disable=broad-except
-      raise self._failed(err) from err
+    if not self.manager.is_saving_in_progress():
+      self.wait()  # returns at once; raises what the finished save raised
 
   def wait(self) -> None:
     """Waits for a save in flight; raises SaveFailed if it failed."""

@@ -3,13 +3,14 @@
 Workdir I/O goes through ``etils.epath``, the path type Orbax (checkpoints)
 and TFDS already use, so ``--workdir gs://bucket/run`` keeps config.json,
 tokenizer/, metrics.jsonl and the checkpoints in the bucket. Object storage
-needs its filesystem package (gcsfs for gs://, s3fs for s3://, or
-TensorFlow's gfile); without it a run is refused in one sentence before any
-work, never written to a local folder named ``gs:``.
+needs its packages (for gs://: gcsfs or TensorFlow, and
+google-cloud-storage); without them a run is refused in one sentence before
+any work, never written to a local folder named ``gs:``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import uuid
@@ -18,9 +19,14 @@ from etils import epath
 
 from jax_transformer.errors import UsageError
 
-# The schemes Orbax's array store (TensorStore) writes, and the fsspec
-# filesystem (and the package providing it) epath uses for each.
-REMOTE_SCHEMES = {'gs': ('gcs', 'gcsfs'), 's3': ('s3', 's3fs')}
+# Object storage a run can live in, with what reaches it: epath's fsspec
+# filesystem (or TensorFlow's gfile, where installed) and the client Orbax
+# asks about buckets; as (fsspec protocol, {module: pip package}). Orbax
+# writes arrays to other schemes (s3://) as if they were local paths.
+REMOTE_SCHEMES = {
+    'gs': ('gcs', {'gcsfs': 'gcsfs',
+                   'google.cloud.storage': 'google-cloud-storage'}),
+}
 
 
 def scheme(location: str | os.PathLike) -> str | None:
@@ -33,10 +39,32 @@ def is_remote(location: str | os.PathLike) -> bool:
   return scheme(location) is not None
 
 
-def _tensorflow_installed() -> bool:
+def _importable(module: str) -> bool:
   try:
-    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
+def _missing_packages(kind: str) -> list[str]:
+  """The pip packages this machine lacks to keep a run at kind://."""
+  protocol, modules = REMOTE_SCHEMES[kind]
+  missing = []
+  for module, package in modules.items():
+    if module == 'gcsfs':  # epath's filesystem: TensorFlow's gfile will do
+      if _importable('tensorflow') or _fsspec_knows(protocol):
+        continue
+    elif _importable(module):
+      continue
+    missing.append(package)
+  return missing
+
+
+def _fsspec_knows(protocol: str) -> bool:
+  import fsspec  # pylint: disable=g-import-not-at-top
+  try:
+    fsspec.get_filesystem_class(protocol)
+  except (ImportError, ValueError):
     return False
   return True
 
@@ -48,18 +76,13 @@ def check_backend(location: str, flag: str = '--workdir') -> None:
     return
   if kind not in REMOTE_SCHEMES:
     raise UsageError(
-        f'{flag}={location}: runs can be kept on a local or mounted path, '
-        f'gs:// or s3://, not {kind}://.')
-  if _tensorflow_installed():  # epath then reads and writes with tf.io.gfile
-    return
-  protocol, package = REMOTE_SCHEMES[kind]
-  import fsspec  # pylint: disable=g-import-not-at-top
-  try:
-    fsspec.get_filesystem_class(protocol)
-  except (ImportError, ValueError):
+        f'{flag}={location}: runs can be kept on a local or mounted path or '
+        f'in gs://, not {kind}:// (mount it, e.g. with a FUSE driver).')
+  missing = _missing_packages(kind)
+  if missing:
     raise UsageError(
-        f'{flag}={location} needs the {package} package to reach {kind}:// '
-        f'(pip install {package}); nothing was written.') from None
+        f'{flag}={location} needs {" and ".join(missing)} to reach '
+        f'{kind}:// (pip install {" ".join(missing)}); nothing was written.')
 
 
 def path(location: str | os.PathLike, flag: str = '--workdir') -> epath.Path:
