@@ -86,6 +86,7 @@ def test_side_files_are_written_whole(tmp_path):
 
 @pytest.mark.slow
 def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
+                                                            real_data_dir,
                                                              monkeypatch):
   """Step 4's loss turns NaN: training stops naming step 4 and the last
   checkpoint (2); nothing from step 4 on is saved."""
@@ -103,7 +104,7 @@ def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
 
   monkeypatch.setattr(steps, 'make_train_step', poisoned)
   cfg = lm_shakespeare.get_config('tiny')
-  cfg.data.data_dir = str(tmp_path / 'tfds')
+  cfg.data.data_dir = real_data_dir
   cfg.update(num_steps=8, checkpoint_every=2, log_every=2, eval_every=100)
   cfg.sample.enabled = False
   work = tmp_path / 'w'
