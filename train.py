@@ -22,6 +22,16 @@ flags.DEFINE_string('coordinator_address', None,
                     'automatic cluster detection.')
 flags.DEFINE_integer('num_processes', None, 'Processes in a multi-host run.')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
+# Multi-process bounds, in seconds (see jax_transformer/distributed.py).
+flags.DEFINE_float('init_timeout', 300, 'How long every process may take to '
+                   'join a multi-process run.')
+flags.DEFINE_float('heartbeat_timeout', 60, 'A process silent this long is '
+                   'lost: the others stop with exit status 69, naming it and '
+                   'the newest checkpoint.')
+flags.DEFINE_float('barrier_timeout', 300, 'How long a barrier, and the exit, '
+                   'waits for the other processes.')
+flags.DEFINE_float('data_timeout', 6 * 3600, 'How long the other processes '
+                   'wait while process 0 prepares the dataset.')
 flags.DEFINE_string('compilation_cache_dir',
                     os.path.join('~', '.cache', 'jax_transformer', 'xla'),
                     'Persistent XLA compilation cache: a second start with '
@@ -49,7 +59,11 @@ def main(argv):
     jax.config.update('jax_compilation_cache_dir',
                       os.path.expanduser(FLAGS.compilation_cache_dir))
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
-                         FLAGS.process_id)
+                         FLAGS.process_id, distributed.Timeouts(
+                             init=FLAGS.init_timeout,
+                             heartbeat=FLAGS.heartbeat_timeout,
+                             barrier=FLAGS.barrier_timeout,
+                             data=FLAGS.data_timeout))
   cfg = FLAGS.config
   workdir = FLAGS.workdir or os.path.join(
       'runs', os.path.splitext(os.path.basename(

@@ -18,8 +18,9 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer import (checkpoint, data, evaluation, experiment, memory,
-                             perf, sharding, steps, storage)
+from jax_transformer import (checkpoint, data, distributed, evaluation,
+                             experiment, memory, perf, sharding, steps,
+                             storage)
 from jax_transformer.errors import UsageError
 from jax_transformer.metrics import MetricWriter
 
@@ -69,9 +70,9 @@ class Preemption:
 
 
 def sync(name: str) -> None:
-  """A barrier across processes (nothing to do for one)."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+  """A barrier across processes (nothing to do for one), bounded by
+  --barrier_timeout."""
+  distributed.barrier(name)
 
 
 def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
@@ -85,9 +86,21 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   if jax.process_count() == 1:
     return prepare()
   if jax.process_index() == 0:
-    prepared = prepare()
-  sync('data prepared')
-  return prepared if jax.process_index() == 0 else prepare()
+    try:
+      prepared = prepare()
+    except BaseException as err:
+      # The others stop now with the reason, not at --data_timeout.
+      reason = (str(err).strip().splitlines() or [''])[0]
+      distributed.send('data prepared', f'{type(err).__name__}: {reason}')
+      raise
+    distributed.send('data prepared', 'ok')
+    return prepared
+  # Bounded by --data_timeout: building a corpus can take hours.
+  outcome = distributed.receive('data prepared', kind='data')
+  if outcome != 'ok':
+    raise RuntimeError(f'Process 0 could not prepare the dataset ({outcome}),'
+                       f' so process {jax.process_index()} stops too.')
+  return prepare()
 
 
 # Fields that count steps, batches or checkpoints: 0 would divide by zero
@@ -276,6 +289,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
   or SIGINT stopped the run after saving."""
   main = jax.process_index() == 0
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
   # Everything that can be refused is, before any data is prepared.
   check_run_fields(cfg)
   root = storage.path(workdir)
@@ -347,6 +362,10 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
         # Before the first step, so a refusal never follows a new save.
         log(memory.after_compile(compiled, budget, footprint))
+        # Hosts compile at different speeds, and the first step's
+        # collectives give up on a late host after a fixed while (30 s for
+        # CPU gloo): start it together.
+        sync('train step compiled')
         tick = time.perf_counter()
       state, metrics = compiled(state, batch)
       pending.append(metrics)
@@ -404,6 +423,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
     preemption.restore()
   if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
     log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+  if watchdog:
+    watchdog.stop()
   return last
 
 
