@@ -118,7 +118,10 @@ def start_workers(tmp_path):
     seen = []
     while not seen or seen[-1] not in ('ready\n', ''):
       seen.append(p.stdout.readline())
-    assert seen[-1] == 'ready\n', ''.join(seen)
+    if seen[-1] != 'ready\n':
+      for q in procs:  # SIGKILL: JAX's runtime catches SIGTERM
+        q.kill()
+      pytest.fail(''.join(seen))
   outs = [[], []]
   readers = [read_all(p, out) for p, out in zip(procs, outs)]
   return procs, outs, readers
