@@ -22,10 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('tfds'))
-  data.prepare('shakespeare', path)
-  return path
+def data_dir(real_data_dir):
+  """The session's Shakespeare corpus (see conftest.py)."""
+  data.prepare('shakespeare', real_data_dir)
+  return real_data_dir
 
 
 def read_all(proc, into):
