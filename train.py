@@ -5,8 +5,9 @@ decoder-only LM on the offline Shakespeare corpus. Override any config field
 with --config.a.b=value. Restarting with the same --workdir resumes.
 
 Exit status: 0 finished; 2 a bad flag or a config that cannot run (one
-line on stderr, before any data is prepared or anything compiles); 75
-stopped by SIGTERM or SIGINT after saving a checkpoint.
+line on stderr, before any data is prepared or anything compiles); 69
+another process of a multi-process run was lost; 75 stopped by SIGTERM or
+SIGINT after saving a checkpoint.
 """
 
 import os
@@ -38,6 +39,18 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_integer('process_id', None,
                        'This process, 0..num_processes-1.',
                        flag_values=values)
+  # Multi-process bounds, in seconds (see jax_transformer/distributed.py).
+  flags.DEFINE_float('init_timeout', 300, 'How long every process may take '
+                     'to join a multi-process run.', flag_values=values)
+  flags.DEFINE_float('heartbeat_timeout', 60, 'A process silent this long is '
+                     'lost: the others stop with exit status 69, naming it '
+                     'and the newest checkpoint.', flag_values=values)
+  flags.DEFINE_float('barrier_timeout', 300, 'How long a barrier, and the '
+                     'exit, waits for the other processes.',
+                     flag_values=values)
+  flags.DEFINE_float('data_timeout', 6 * 3600, 'How long the other processes '
+                     'wait while process 0 prepares the dataset.',
+                     flag_values=values)
   flags.DEFINE_string('compilation_cache_dir',
                       os.path.join('~', '.cache', 'jax_transformer', 'xla'),
                       'Persistent XLA compilation cache: a second start with '
@@ -91,14 +104,16 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
     logging.set_verbosity(logging.WARNING)
   # Imported after flag parsing so --help stays fast.
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_transformer import distributed, experiment, trainer  # pylint: disable=g-import-not-at-top
+  from jax_transformer import distributed, trainer  # pylint: disable=g-import-not-at-top
   if values.compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir',
                       os.path.expanduser(values.compilation_cache_dir))
   distributed.initialize(values.coordinator_address, values.num_processes,
-                         values.process_id)
-  # Before data preparation: a config that cannot run costs nothing.
-  experiment.check_config(values.config)
+                         values.process_id, distributed.Timeouts(
+                             init=values.init_timeout,
+                             heartbeat=values.heartbeat_timeout,
+                             barrier=values.barrier_timeout,
+                             data=values.data_timeout))
   result = trainer.train_and_evaluate(values.config, values.workdir)
   if result.get('interrupted'):
     # Saved and stopped early: not finished (see trainer.EXIT_INTERRUPTED).

@@ -5,13 +5,14 @@ A workdir holds:
                        state, JSON) as Orbax items
   config.json          the experiment config
   tokenizer/           the tokenizer the model was trained with
+  tokenizer.sha256     its fingerprint, written once tokenizer/ is whole
+
+A workdir may be local or in object storage (see ``storage.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any
 
 import jax
@@ -21,10 +22,23 @@ from absl import logging
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
+from jax_transformer import storage
+from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
+from jax_transformer.errors import UsageError
 from jax_transformer.params import is_scanned, to_layout
 
 CONFIG_FILE = 'config.json'
 TOKENIZER_DIR = 'tokenizer'
+FINGERPRINT_FILE = 'tokenizer.sha256'
+
+
+class CheckpointMismatch(UsageError):
+  """A readable checkpoint whose arrays do not fit this run's config (a
+  changed model), as opposed to one a torn write left unreadable."""
+
+
+class SaveFailed(RuntimeError):
+  """A checkpoint write failed (raised at the first check after it)."""
 
 
 class Checkpointer:
@@ -32,10 +46,12 @@ class Checkpointer:
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
     self.manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), 'checkpoints'),  # local/NFS
+        storage.path(workdir) / 'checkpoints',
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save,
-            create=True))
+            create=True,
+            # Temporary step folders a killed save left behind.
+            cleanup_tmp_directories=True))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -53,9 +69,27 @@ class Checkpointer:
 
   def saved_scanned(self, step: int) -> bool:
     """Whether the checkpoint at step holds its layers scanned (stacked)."""
-    path = os.path.join(str(self.manager.directory), str(step), 'params')
-    names = ocp.StandardCheckpointer().metadata(path).item_metadata.keys()
-    return is_scanned(names)
+    return is_scanned(self._saved_params(step).keys())
+
+  def _saved_params(self, step: int) -> dict[str, Any]:
+    """The checkpoint's parameter metadata (names to shape and dtype)."""
+    path = self.manager.directory / str(step) / 'params'
+    return ocp.StandardCheckpointer().metadata(path).item_metadata
+
+  def check_fits(self, abstract_params: dict[str, Any], step: int) -> None:
+    """Raises CheckpointMismatch naming the first parameter whose saved
+    shape differs from abstract_params' (in the checkpoint's layout)."""
+    saved = self._saved_params(step)
+    wanted = {k: v.shape for k, v in abstract_params.items()}
+    for name in sorted(set(saved) | set(wanted)):
+      have = tuple(saved[name].shape) if name in saved else None
+      want = tuple(wanted[name]) if name in wanted else None
+      if have != want:
+        raise CheckpointMismatch(
+            f'Checkpoint step {step} in {self.manager.directory} holds '
+            f'{name} with shape {have}, this config builds {want}: the model '
+            'config changed; use the config it was trained with or a new '
+            '--workdir.')
 
   def _other_layout(self, abstract: Any, step: int):
     """(abstract as the checkpoint lays its layers out, a function from
@@ -85,6 +119,8 @@ class Checkpointer:
     for candidate in sorted(self.manager.all_steps(), reverse=True):
       try:
         restored = self._restore_step(abstract_state, candidate)
+      except CheckpointMismatch:
+        raise  # readable but another model: older steps would not fit either
       except Exception as err:  # pylint: disable=broad-except
         errors.append((candidate, err))
         continue
@@ -100,6 +136,7 @@ class Checkpointer:
   def _restore_step(self, abstract_state: dict[str, Any], step: int
                     ) -> tuple[dict[str, Any], Any]:
     abstract_state, convert = self._other_layout(abstract_state, step)
+    self.check_fits(abstract_state['params'], step)
     train = {k: v for k, v in abstract_state.items() if k != 'params'}
     try:
       got = self.manager.restore(step, args=ocp.args.Composite(
@@ -121,11 +158,29 @@ class Checkpointer:
       raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint '
                               'yet.')
     abstract_params, convert = self._other_layout(abstract_params, step)
+    self.check_fits(abstract_params, step)
     return convert(self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_params)))['params'])
 
+  def check_errors(self) -> None:
+    """Raises SaveFailed if a background save has failed (cheap: call it
+    every step, so a failed write stops the run at once rather than at the
+    next save)."""
+    if not self.manager.is_saving_in_progress():
+      self.wait()  # returns at once; raises what the finished save raised
+
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for a save in flight; raises SaveFailed if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as err:  # pylint: disable=broad-except
+      raise self._failed(err) from err
+
+  def _failed(self, err: BaseException) -> SaveFailed:
+    return SaveFailed(
+        f'Writing a checkpoint to {self.manager.directory} failed '
+        f'({_first_line(err)}); check the disk (space, permissions), then '
+        'rerun to resume from the newest complete checkpoint.')
 
   def close(self) -> None:
     self.manager.close()
@@ -170,31 +225,70 @@ def _own_data_state(states: list[Any]) -> Any:
 
 def save_side_files(workdir: str, cfg: ml_collections.ConfigDict,
                     tokenizer) -> None:
-  """config.json and tokenizer/ beside the checkpoints (process 0 only).
+  """config.json, and once tokenizer/ with its fingerprint, beside the
+  checkpoints (process 0 only; ``tokenizer`` from ``run_tokenizer``)."""
+  root = storage.path(workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(root / CONFIG_FILE,
+                       cfg.to_json(indent=2, sort_keys=True))
+  if (root / FINGERPRINT_FILE).exists() and (root / TOKENIZER_DIR).exists():
+    return  # a resumed model keeps its vocabulary
+  tokenizer_dir = root / TOKENIZER_DIR
+  if tokenizer_dir.exists():
+    tokenizer_dir.rmtree()  # an attempt killed mid-write, or an old layout
+  tokenizer.save(tokenizer_dir)
+  # Written last: the fingerprint says tokenizer/ is whole (object stores
+  # have no atomic folder rename).
+  storage.write_atomic(root / FINGERPRINT_FILE, fingerprint(tokenizer) + '\n')
 
-  The first run's tokenizer stays: a resumed model keeps its vocabulary.
+
+def run_tokenizer(workdir: str, prepared, has_checkpoint: bool):
+  """The tokenizer a run trains with: the workdir's, checked against its
+  fingerprint, or for a new run the prepared data's.
+
+  Raises UsageError where the checkpoints' tokenizer is lost or changed:
+  tokenizer/ edited after its fingerprint was written, or missing while
+  checkpoints exist and the data's tokenizer is not the one recorded.
   """
-  os.makedirs(workdir, exist_ok=True)
-  # Written beside, then renamed: a process killed mid-write leaves the old
-  # file or the new one, never half of one.
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + '.tmp', 'w') as f:
-    f.write(cfg.to_json(indent=2, sort_keys=True))
-  os.replace(path + '.tmp', path)
-  tokenizer_dir = os.path.join(workdir, TOKENIZER_DIR)
-  if not os.path.exists(tokenizer_dir):
-    partial = tokenizer_dir + '.tmp'
-    shutil.rmtree(partial, ignore_errors=True)  # a killed earlier attempt
-    tokenizer.save(partial)
-    os.replace(partial, tokenizer_dir)
+  root = storage.path(workdir)
+  saved_dir, marker = root / TOKENIZER_DIR, root / FINGERPRINT_FILE
+  recorded = marker.read_text().strip() if marker.exists() else None
+  saved = _try_load_tokenizer(saved_dir)
+  if saved is not None and recorded in (None, fingerprint(saved)):
+    if fingerprint(saved) != fingerprint(prepared):
+      logging.warning('Training with %s (the checkpoints\' tokenizer); the '
+                      'data directory\'s tokenizer differs.', saved_dir)
+    return saved
+  if saved is not None:
+    raise UsageError(f'{saved_dir} no longer matches its fingerprint in '
+                     f'{marker}: it was changed after training started; put '
+                     'the original back or use a new --workdir.')
+  if not has_checkpoint or recorded == fingerprint(prepared):
+    return prepared
+  data = ('differs from the recorded one' if recorded
+          else 'cannot be checked against it (no fingerprint)')
+  raise UsageError(
+      f'{workdir} holds checkpoints but not the tokenizer they were trained '
+      f'with ({saved_dir} is missing or unreadable), and the data '
+      f'directory\'s tokenizer {data}; restore tokenizer/ or use a new '
+      '--workdir.')
+
+
+def _try_load_tokenizer(directory):
+  """The tokenizer saved in directory, or None where there is none whole."""
+  if not directory.exists():
+    return None
+  try:
+    return load_tokenizer(directory)
+  except (OSError, ValueError, KeyError, RuntimeError):
+    return None
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict | None:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = storage.path(workdir) / CONFIG_FILE
+  if not path.exists():
     return None
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
 def load_for_inference(workdir: str, step: int | None = None):

@@ -1,16 +1,12 @@
-"""The one exception type for bad input.
+"""The error a user can act on: bad configuration or bad input.
 
-A ``UsageError`` means the caller asked for something that cannot be done
-(a config that cannot run, a workdir without checkpoints, ids outside the
-vocabulary): its message is one sentence saying what is wrong and what to
-do. The command-line entry points print that sentence and exit with status
-2 (``jax_transformer.cli``); every other exception is a bug or an
-environment failure and keeps its traceback.
-
-It subclasses ValueError so that code catching ValueError, as the library's
-callers did before this type existed, still catches it.
+Raised with one sentence saying what is wrong and what to do. Command-line
+entry points print it on one line and exit with status 2
+(``jax_transformer.cli``); any other exception keeps its traceback, since
+it is a bug. A subclass of ValueError, so callers catching ValueError keep
+working.
 """
 
 
 class UsageError(ValueError):
-  """Bad input: the message is one sentence the user can act on."""
+  """Bad configuration or input, explained in one sentence."""

@@ -68,16 +68,25 @@ def count_units(tokenizer, targets: np.ndarray, weights: np.ndarray) -> int:
   return total
 
 
+class Interrupted(Exception):
+  """An evaluation abandoned because the run was asked to stop."""
+
+
 def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
                  tokenizer, mesh, split: str | None = None,
                  max_batches: int | None = None,
                  count_text: bool = False,
-                 progress: bool = False) -> dict[str, float]:
+                 progress: bool = False,
+                 stop: Callable[[int], bool] | None = None
+                 ) -> dict[str, float]:
   """Loss and perplexity over a split (default: config.data.eval_split),
   every token of it unless max_batches is given.
 
   eval_step(params, global_batch) -> {'nll': sum, 'tokens': count}. With
   count_text, also bits per byte (byte tokenizers) or per character.
+  stop(batches done) -> True abandons the evaluation (raises Interrupted),
+  so a stop signal need not wait for a whole split; every process must
+  give the same answer for the same count.
   """
   split = split or cfg.data.eval_split
   it = data.make_iterator(cfg.data, split, tokenizer,
@@ -88,7 +97,9 @@ def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
     batches = _progress(batches, desc=f'scoring {split}')
   nll = tokens = units = 0.0
   # Every host runs the same number of batches (the pipeline pads shards).
-  for local in batches:
+  for done, local in enumerate(batches):
+    if stop is not None and done and stop(done):
+      raise Interrupted(f'evaluation stopped after {done} batches')
     # Summed on the host: eager ops on multi-process arrays would deadlock.
     sums = jax.device_get(eval_step(params, data.global_batch(local, mesh)))
     nll, tokens = nll + float(sums['nll']), tokens + float(sums['tokens'])

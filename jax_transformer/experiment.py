@@ -14,7 +14,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from jax_transformer import data, optim, sharding
+from jax_transformer import optim
 from jax_transformer.config import ModelConfig
 from jax_transformer.errors import UsageError
 from jax_transformer.models import DecoderLM, EncoderDecoder
@@ -95,29 +95,6 @@ def check_lengths(cfg: ml_collections.ConfigDict, mc: ModelConfig) -> None:
     if length is not None and length > mc.max_len:
       raise UsageError(f'config.{name}={length} exceeds model.max_len='
                        f'{mc.max_len}; raise max_len or shorten sequences.')
-
-
-def check_config(cfg: ml_collections.ConfigDict) -> None:
-  """Refuses, in one UsageError sentence, what the config alone shows cannot
-  run: the model kind and fields, the lengths, the dataset and translation
-  direction, the mesh against this job's devices and the batch sizes
-  against the mesh.
-
-  Cheap (nothing is built or compiled), so a command line checks it before
-  preparing data; what needs the tokenizer's vocabulary (vocab_size, the
-  parameters' divisibility, memory) is checked by ``setup`` and the
-  trainer's pre-flight.
-  """
-  model_class(cfg)
-  # The vocabulary is the tokenizer's, unknown before data preparation;
-  # 1 stands in (rounded up to vocab_multiple, so always valid).
-  check_lengths(cfg, model_config(cfg, tokenizer_vocab=1))
-  spec = data.get_spec(cfg.data.name)
-  if spec.task == 'translation':
-    data.pipeline.translation_keys(spec, cfg.data.get('direction'))
-  mesh = sharding.make_mesh(cfg.mesh)
-  for name in ('batch_size', 'eval_batch_size'):
-    sharding.check_batch(cfg[name], mesh)
 
 
 def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:

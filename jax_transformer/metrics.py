@@ -3,42 +3,79 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Mapping
+
+from absl import logging
+
+from jax_transformer import storage
+
+METRICS_FILE = 'metrics.jsonl'
 
 
 class MetricWriter:
-  """Writes scalars per step; a no-op writer on processes other than 0."""
+  """Writes scalars per step; a no-op writer on processes other than 0.
+
+  A local metrics.jsonl is appended to; one in object storage, which has no
+  append, is put again whole at every write (it stays small: a row per
+  log_every steps).
+  """
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
     if not enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+    root = storage.path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    self._path = root / METRICS_FILE
+    self._text, self._jsonl = None, None
+    if storage.is_remote(root):
+      self._text = self._path.read_text() if self._path.exists() else ''
+    else:
+      self._jsonl = open(self._path, 'a')
+    self._tb = _tensorboard(root)
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
     row = {'step': int(step), **{k: float(v) for k, v in scalars.items()}}
-    self._jsonl.write(json.dumps(row) + '\n')
-    self._jsonl.flush()
-    for name, value in row.items():
-      if name != 'step':
-        self._tb.add_scalar(name, value, step)
-    self._tb.flush()
+    line = json.dumps(row) + '\n'
+    if self._jsonl is not None:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    else:
+      self._text += line
+      storage.write_atomic(self._path, self._text)
+    if self._tb is not None:
+      for name, value in row.items():
+        if name != 'step':
+          self._tb.add_scalar(name, value, step)
+      self._tb.flush()
 
   def close(self) -> None:
     if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
+      if self._jsonl is not None:
+        self._jsonl.close()
+      if self._tb is not None:
+        self._tb.close()
+
+
+def _tensorboard(root):
+  """A TensorBoard writer under root/tensorboard, or None (with a warning)
+  where tensorboardX cannot reach root's object store."""
+  from tensorboardX import SummaryWriter, record_writer  # pylint: disable=g-import-not-at-top
+  kind = storage.scheme(root)
+  if kind is not None and not {'gs': record_writer.GCS_ENABLED,
+                               's3': record_writer.S3_ENABLED}.get(kind):
+    logging.warning('No TensorBoard events in %s: tensorboardX needs '
+                    'google-cloud-storage (gs://) or boto3 (s3://); '
+                    'metrics.jsonl is written.', root)
+    return None
+  return SummaryWriter(str(root / 'tensorboard'))
 
 
 def read_jsonl(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  text = (storage.path(workdir) / METRICS_FILE).read_text()
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_history(workdir: str) -> list[dict]:
@@ -48,8 +85,8 @@ def read_history(workdir: str) -> list[dict]:
   step is not past the previous one replaces the rows from that step on. A
   last line cut short (a run killed while writing) is ignored.
   """
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    lines = [line for line in f if line.strip()]
+  text = (storage.path(workdir) / METRICS_FILE).read_text()
+  lines = [line for line in text.splitlines() if line.strip()]
   history: list[dict] = []
   for i, line in enumerate(lines):
     try:

@@ -20,9 +20,8 @@ from etils import epath
 from jax.sharding import NamedSharding
 
 from jax_transformer import checkpoint, experiment, sharding
-from jax_transformer.data.tokenizers import load_tokenizer
+from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError
-from jax_transformer.params import is_scanned, to_layout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -75,11 +74,19 @@ def _tokenizer(path: str):
                      'the tokenizer it was trained with is missing; restore '
                      'it from the training run.')
   try:
-    return load_tokenizer(directory)
-  except (OSError, ValueError, KeyError) as e:
+    tokenizer = load_tokenizer(directory)
+  except (OSError, ValueError, KeyError, RuntimeError) as e:
     raise UsageError(f'{directory} cannot be read as a tokenizer '
-                     f'({type(e).__name__}: {e}); restore it from the '
-                     'training run.') from None
+                     f'({_first_line(e)}); restore it from the training '
+                     'run.') from None
+  marker = os.path.join(path, checkpoint.FINGERPRINT_FILE)
+  if os.path.exists(marker):
+    with open(marker) as f:
+      if f.read().strip() != fingerprint(tokenizer):
+        raise UsageError(f'{directory} no longer matches its fingerprint in '
+                         f'{marker}: it was changed after training; restore '
+                         'the tokenizer the model was trained with.')
+  return tokenizer
 
 
 def choose_steps(workdir: Workdir, step: int | None = None,
@@ -109,45 +116,31 @@ def param_shardings(workdir: Workdir, mesh) -> dict[str, NamedSharding]:
 _EARLIER = 'use an earlier one (--step N, or move this one aside)'
 
 
-def check_checkpoint(workdir: Workdir, step: int) -> None:
-  """Raises UsageError when the checkpoint at step has no readable
-  parameter list, or holds parameters of other names or shapes than
-  config.json and the tokenizer describe (either edited after training).
-  """
+def check_readable(workdir: Workdir, step: int) -> None:
+  """Raises UsageError when the checkpoint at step has no readable list of
+  its parameters (a torn or corrupt write). Their shapes are checked
+  against the config by ``Checkpointer.restore_params``."""
   path = epath.Path(workdir.path) / 'checkpoints' / str(step) / 'params'
   try:
-    saved = ocp.StandardCheckpointHandler().metadata(path)
+    ocp.StandardCheckpointHandler().metadata(path)
   except (OSError, ValueError) as e:  # missing, or not JSON
     raise UsageError(f'Checkpoint step {step} in {workdir.path} has no '
                      f'readable list of parameters ({_first_line(e)}): it is '
                      f'torn or corrupt; {_EARLIER}.') from None
-  # A checkpoint written with the other scan_layers layout still fits.
-  want = to_layout(workdir.setup.abstract_params, is_scanned(saved))
-  problems = [f'{name} is missing' for name in want if name not in saved]
-  problems += [f'{name} has shape {tuple(saved[name].shape)} there but '
-               f'{tuple(x.shape)} here' for name, x in want.items()
-               if name in saved and tuple(saved[name].shape) != x.shape]
-  problems += [f'{name} is not in this model' for name in saved
-               if name not in want]
-  if problems:
-    more = f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''
-    raise UsageError(
-        f'Checkpoint step {step} in {workdir.path} does not fit the model '
-        f'that its {checkpoint.CONFIG_FILE} and {checkpoint.TOKENIZER_DIR}/ '
-        f'describe: {problems[0]}{more}; restore the files the run wrote, '
-        'or train a new workdir.')
 
 
 def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
              abstract: dict[str, jax.ShapeDtypeStruct], step: int
              ) -> dict[str, jax.Array]:
-  check_checkpoint(workdir, step)
+  check_readable(workdir, step)
   try:
     return checkpointer.restore_params(abstract, step)
+  except UsageError:  # a checkpoint of another model (CheckpointMismatch)
+    raise
   except Exception as e:  # pylint: disable=broad-except
-    # Names and shapes fit (checked above), so what fails here is reading
-    # the arrays' bytes. Orbax reports that as a bare Exception whose first
-    # cause says which file and why.
+    # Names and shapes fit, so what fails here is reading the arrays'
+    # bytes. Orbax reports that as a bare Exception whose first cause says
+    # which file and why.
     cause = e
     while cause.__cause__ is not None:
       cause = cause.__cause__

@@ -18,8 +18,10 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer import (checkpoint, data, evaluation, experiment, memory,
-                             perf, sharding, steps)
+from jax_transformer import (checkpoint, data, distributed, evaluation,
+                             experiment, memory, perf, sharding, steps,
+                             storage)
+from jax_transformer.errors import UsageError
 from jax_transformer.metrics import MetricWriter
 
 
@@ -68,9 +70,9 @@ class Preemption:
 
 
 def sync(name: str) -> None:
-  """A barrier across processes (nothing to do for one)."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
+  """A barrier across processes (nothing to do for one), bounded by
+  --barrier_timeout."""
+  distributed.barrier(name)
 
 
 def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
@@ -84,9 +86,21 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   if jax.process_count() == 1:
     return prepare()
   if jax.process_index() == 0:
-    prepared = prepare()
-  sync('data prepared')
-  return prepared if jax.process_index() == 0 else prepare()
+    try:
+      prepared = prepare()
+    except BaseException as err:
+      # The others stop now with the reason, not at --data_timeout.
+      reason = (str(err).strip().splitlines() or [''])[0]
+      distributed.send('data prepared', f'{type(err).__name__}: {reason}')
+      raise
+    distributed.send('data prepared', 'ok')
+    return prepared
+  # Bounded by --data_timeout: building a corpus can take hours.
+  outcome = distributed.receive('data prepared', kind='data')
+  if outcome != 'ok':
+    raise RuntimeError(f'Process 0 could not prepare the dataset ({outcome}),'
+                       f' so process {jax.process_index()} stops too.')
+  return prepare()
 
 
 # Fields that count steps, batches or checkpoints: 0 would divide by zero
@@ -102,22 +116,42 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
   for name in POSITIVE_FIELDS:
     value = cfg.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'config.{name} must be a positive integer, got '
+      raise UsageError(f'config.{name} must be a positive integer, got '
                        f'{value!r}.')
   chunk = cfg.get('loss_chunk_size') or 0
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-    raise ValueError('config.loss_chunk_size must be a non-negative integer '
+    raise UsageError('config.loss_chunk_size must be a non-negative integer '
                      f'(0: the loss over all tokens at once), got {chunk!r}.')
   if (cfg.get('eval_bleu_examples') or 0) < 0:
-    raise ValueError('config.eval_bleu_examples must be >= 0 (0 turns the '
+    raise UsageError('config.eval_bleu_examples must be >= 0 (0 turns the '
                      f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
+  data_dir = cfg.data.get('data_dir')
+  if data_dir and storage.is_remote(data_dir):
+    # TFDS's array_record reader opens local files only.
+    raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
+                     'be on a local or mounted path (object storage works '
+                     'for --workdir).')
 
 
-# Model fields that change how a step computes, not what the state holds:
-# a run may resume with other values of these.
+def check_model_and_mesh(cfg: ml_collections.ConfigDict):
+  """The mesh, after refusing in one sentence a model config or a mesh
+  that cannot work, before any data is prepared (the vocabulary is not
+  known yet: a stand-in size checks everything else)."""
+  experiment.model_class(cfg)
+  experiment.check_lengths(cfg, experiment.model_config(cfg, 1))
+  mesh = sharding.make_mesh(cfg.mesh)
+  sharding.check_batch(cfg.batch_size, mesh)
+  sharding.check_batch(cfg.eval_batch_size, mesh)
+  return mesh
+
+
+# Fields that change how a step computes or where files are, not what the
+# state holds or which examples come next: a run may resume with other
+# values of these (intervals and other top-level fields are not compared).
 RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
                         'attention_dropout_rate', 'dropout_rng', 'scan_layers',
                         'remat')
+RUNTIME_DATA_FIELDS = ('data_dir',)
 
 
 def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
@@ -126,16 +160,18 @@ def check_resumable(cfg: ml_collections.ConfigDict, workdir: str) -> None:
   if saved is None:
     return
   saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
-  for name in RUNTIME_MODEL_FIELDS:
+  for key, names in (('model', RUNTIME_MODEL_FIELDS),
+                     ('data', RUNTIME_DATA_FIELDS)):
     for c in (saved, current):
-      c.get('model', {}).pop(name, None)
+      for name in names:
+        c.get(key, {}).pop(name, None)
   for key in ('model_kind', 'model', 'data'):
     if saved.get(key) != current.get(key):
       old, new = saved.get(key), current.get(key)
       fields = (sorted(f for f in set(old) | set(new)
                        if old.get(f) != new.get(f))
                 if isinstance(old, dict) and isinstance(new, dict) else [])
-      raise ValueError(
+      raise UsageError(
           f'{workdir} holds a run with a different config.{key}'
           + (f' ({", ".join(fields)})' if fields else '')
           + '; use a new --workdir or the same config to resume.')
@@ -158,15 +194,22 @@ def state_shardings(setup: experiment.Setup, mesh, abstract_state):
   return shardings, param_specs
 
 
-def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None
+def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
              ) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
   config.eval_steps batches); for translation also greedy BLEU and chrF on
-  its first config.eval_bleu_examples sentences."""
+  its first config.eval_bleu_examples sentences.
+
+  stop(count) -> True (checked between batches) abandons the evaluation:
+  raises evaluation.Interrupted.
+  """
   metrics = evaluation.loss_metrics(eval_step, params, cfg, tokenizer, mesh,
-                                    max_batches=cfg.get('eval_steps'))
+                                    max_batches=cfg.get('eval_steps'),
+                                    stop=stop)
   n = cfg.get('eval_bleu_examples') or 0
   if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
+    if stop is not None and stop(0):
+      raise evaluation.Interrupted('stopped before the BLEU check')
     params = multihost_utils.process_allgather(params, tiled=True)
     metrics.update(evaluation.bleu_metrics(
         setup.model_def.merge(params), tokenizer, cfg, n,
@@ -246,17 +289,22 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
   or SIGINT stopped the run after saving."""
   main = jax.process_index() == 0
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
+  # Everything that can be refused is, before any data is prepared.
   check_run_fields(cfg)
+  root = storage.path(workdir)
   check_resumable(cfg, workdir)
+  mesh = check_model_and_mesh(cfg)
+  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
+         else '')
+  storage.check_writable(root, who=who)  # every host: each writes shards
+  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
   prepared = prepare_data(cfg)
-  saved_tokenizer = os.path.join(workdir, checkpoint.TOKENIZER_DIR)
-  tokenizer = (data.load_tokenizer(saved_tokenizer)
-               if os.path.exists(saved_tokenizer) else prepared.tokenizer)
+  tokenizer = checkpoint.run_tokenizer(
+      workdir, prepared.tokenizer, checkpointer.latest_step() is not None)
   setup = experiment.setup(cfg, tokenizer.vocab_size)
 
-  mesh = sharding.make_mesh(cfg.mesh)
-  sharding.check_batch(cfg.batch_size, mesh)
-  sharding.check_batch(cfg.eval_batch_size, mesh)
   abstract_state = setup.abstract_state(cfg.seed)
   shardings, param_specs = state_shardings(setup, mesh, abstract_state)
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
@@ -265,11 +313,12 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   footprint = memory.estimate(cfg, setup.model_config, abstract_state,
                               shardings, mesh)
   log(memory.preflight(footprint, budget))
+  # A checkpoint is about the state's size; each host writes its shards.
+  storage.check_writable(root, _state_bytes(abstract_state), who)
   sync('workdir read')  # nobody reads tokenizer/ while process 0 writes it
   if main:
     checkpoint.save_side_files(workdir, cfg, tokenizer)
 
-  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
   train_iter = data.make_iterator(cfg.data, cfg.data.get('train_split', 'train'),
                                   tokenizer,
                                   batch_size=cfg.batch_size,
@@ -302,6 +351,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   rates = Throughput(cfg, setup.model_config)
   progress = _progress_bar(step, cfg.num_steps, main)
   compiled, previous, tick = None, None, 0.0
+  interrupted_eval = False
   try:
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
@@ -312,9 +362,14 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
         # Before the first step, so a refusal never follows a new save.
         log(memory.after_compile(compiled, budget, footprint))
+        # Hosts compile at different speeds, and the first step's
+        # collectives give up on a late host after a fixed while (30 s for
+        # CPU gloo): start it together.
+        sync('train step compiled')
         tick = time.perf_counter()
       state, metrics = compiled(state, batch)
       pending.append(metrics)
+      checkpointer.check_errors()  # a failed background save stops the run
       if previous is not None:
         # At most two steps in flight: the bar counts finished steps, and a
         # signal or a save never waits behind a backlog of dispatches.
@@ -332,9 +387,14 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
         last.update(rates.row(len(sums), last['target_tokens'], now - tick))
         pending = []
         if step % cfg.eval_every == 0 or done:
-          last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
-                               mesh, setup))
-          if main:
+          try:
+            last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
+                                 mesh, setup, stop=preemption.should_stop))
+          except evaluation.Interrupted:
+            # Saved below without this evaluation; a resumed run redoes it
+            # at its next eval step.
+            interrupted_eval = True
+          if main and 'eval_loss' in last:
             bleu = (f', BLEU {last["eval_bleu"]:.2f}' if 'eval_bleu' in last
                     else '')
             progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
@@ -345,7 +405,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
                              tok_s=f'{last["tokens_per_s"]:,.0f}')
         # Evaluation and logging are not training time.
         tick = time.perf_counter()
-      stop = preemption.should_stop(step)
+      stop = interrupted_eval or preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
         # Never save a state a non-finite step produced.
         check_finite(jax.device_get(metrics), step, checkpointer)
@@ -363,7 +423,15 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
     preemption.restore()
   if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
     log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+  if watchdog:
+    watchdog.stop()
   return last
+
+
+def _state_bytes(abstract_state) -> int:
+  """Bytes of the whole train state (about one checkpoint)."""
+  return sum(x.size * x.dtype.itemsize
+             for x in jax.tree.leaves(abstract_state))
 
 
 class Throughput:

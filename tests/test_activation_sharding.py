@@ -52,7 +52,8 @@ def _lower(mesh, step, state, with_rules: bool):
 def test_compiled_step_shards_activations_as_the_rules_say():
   mesh, step, state = _setup({'data': 2, 'fsdp': 2, 'tensor': 2},
                              scan_layers=True)
-  text = _lower(mesh, step, state, True).as_text()
+  lowered = _lower(mesh, step, state, True)
+  text = lowered.as_text()
   batch_axes = '{"data", "fsdp"}'
   # The residual stream [B, T, D]: batch split, embed whole.
   assert f'[{batch_axes}, {{}}, {{}}]' in text
@@ -66,7 +67,7 @@ def test_compiled_step_shards_activations_as_the_rules_say():
   assert 'sharding_constraint' not in bare and 'sharding_constraint' in text
   # After partitioning, each device computes its slice of the MLP: a
   # quarter of the batch and half of the features.
-  hlo = _lower(mesh, step, state, True).compile().as_text()
+  hlo = lowered.compile().as_text()
   assert f'f32[{B // 4},{T},{F // 2}]' in hlo
 
 

@@ -145,17 +145,17 @@ def test_ding_missing_source_says_what_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_shakespeare(tmp_path):
-  prepared = datasets.prepare('shakespeare', str(tmp_path))
+def test_real_shakespeare(real_data_dir):
+  prepared = datasets.prepare('shakespeare', real_data_dir)
   n_train = prepared.num_examples['train']
   n_val = prepared.num_examples['validation']
   assert 7000 < n_train < 8000 and 800 < n_val < 1100
-  source = datasets.load_source('shakespeare', 'train', str(tmp_path))
+  source = datasets.load_source('shakespeare', 'train', real_data_dir)
   first = datasets.as_text(source[0]['text'])
   assert first == 'HAMLET, PRINCE OF DENMARK'
   chars = sum(len(t) for t in texts(source))
   assert 850_000 < chars < 1_000_000  # ~1 MB of plays, 90% in train
-  it = data.make_iterator({'name': 'shakespeare', 'data_dir': str(tmp_path)},
+  it = data.make_iterator({'name': 'shakespeare', 'data_dir': real_data_dir},
                           'validation', prepared.tokenizer, batch_size=8,
                           seq_len=256, shuffle=False, num_epochs=1,
                           process_index=0, process_count=1)
@@ -167,13 +167,13 @@ def test_real_shakespeare(tmp_path):
 @pytest.mark.skipif(not os.path.exists(ding.DEFAULT_PATH)
                     and not os.environ.get('CI'),
                     reason='apt-get install trans-de-en')  # CI installs it
-def test_real_ding(tmp_path):
-  prepared = datasets.prepare('ding_en_de', str(tmp_path), vocab_size=4000)
+def test_real_ding(real_data_dir):
+  prepared = datasets.prepare('ding_en_de', real_data_dir, vocab_size=4000)
   n_train = prepared.num_examples['train']
   n_val = prepared.num_examples['validation']
   assert 18_500 < n_train + n_val < 21_000
   assert 0.02 < n_val / (n_train + n_val) < 0.04
-  source = datasets.load_source('ding_en_de', 'validation', str(tmp_path))
+  source = datasets.load_source('ding_en_de', 'validation', real_data_dir)
   pairs = set()
   for i in range(len(source)):
     en, de = (datasets.as_text(source[i][k]) for k in ('en', 'de'))
@@ -184,7 +184,7 @@ def test_real_ding(tmp_path):
   # A joint vocabulary: frequent words of both languages are single pieces.
   assert len(tok.encode('the')) == 1 and len(tok.encode('und')) == 1
   it = data.make_iterator(
-      {'name': 'ding_en_de', 'data_dir': str(tmp_path), 'direction': 'de-en'},
+      {'name': 'ding_en_de', 'data_dir': real_data_dir, 'direction': 'de-en'},
       'validation', tok, batch_size=32, seq_len=64, shuffle=False,
       num_epochs=1, process_index=0, process_count=1)
   batch = next(it)

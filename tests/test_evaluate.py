@@ -28,16 +28,9 @@ PLAYS = ('macbeth',)
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp('data')
-  plays = data_testing.write_fake_plays(root / 'texts', PLAYS)
-  ding = data_testing.write_fake_ding(root / 'de-en')
-  path = str(root / 'tfds')
-  data.prepare('shakespeare', path, builder_kwargs={'source_dir': plays,
-                                                     'plays': PLAYS})
-  data.prepare('ding_en_de', path, vocab_size=500, model_type='bpe',
-               builder_kwargs={'source_path': ding})
-  return path
+def data_dir(fake_data_dir):
+  """Macbeth (PLAYS) and the fake Ding pairs, BPE 500 (conftest.py)."""
+  return fake_data_dir
 
 
 def _train(cfg, workdir):

@@ -76,15 +76,10 @@ def assert_bad_input(result, *needles):
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  """The fake Shakespeare plays, prepared (validation data for --verify,
-  training data for fine-tuning)."""
-  root = tmp_path_factory.mktemp('data')
-  plays = data_testing.write_fake_plays(root / 'texts', ('macbeth',))
-  path = str(root / 'tfds')
-  data.prepare('shakespeare', path, builder_kwargs={'source_dir': plays,
-                                                     'plays': ('macbeth',)})
-  return path
+def data_dir(fake_data_dir):
+  """The fake Shakespeare plays (Macbeth), prepared (validation data for
+  --verify, training data for fine-tuning); shared through conftest.py."""
+  return fake_data_dir
 
 
 @pytest.fixture(scope='module')

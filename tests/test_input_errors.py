@@ -116,16 +116,18 @@ BROKEN = {
                                                   'tokenizer.json'),
                                      'w').close(),
                       'cannot be read as a tokenizer'),
-    'other_tokenizer': (other_tokenizer,
-                        'embed.embedding has shape (264, 32) there but ('),
+    'other_tokenizer': (other_tokenizer, 'no longer matches its fingerprint'),
+    'other_tokenizer_unrecorded': (
+        lambda w: [other_tokenizer(w),
+                   os.remove(os.path.join(w, checkpoint.FINGERPRINT_FILE))],
+        'holds embed.embedding with shape (264, 32), this config builds ('),
     'bad_json': (lambda w: open(os.path.join(w, 'config.json'), 'w').write(
         '{"model": '), 'config.json is not valid JSON'),
     'wider': (lambda w: edit_config(w, d_model=64, num_heads=2),
-              'does not fit the model that its config.json and tokenizer/ '
-              'describe: embed.embedding has shape (264, 32) there but '
-              '(264, 64) here (and'),
+              'holds embed.embedding with shape (264, 32), this config '
+              'builds (264, 64): the model config changed'),
     'deeper': (lambda w: edit_config(w, num_decoder_layers=2),
-               'layers.1.'),
+               'holds layers.1.'),
     'small_vocab': (lambda w: edit_config(w, vocab_size=100),
                     "config.model.vocab_size=100 is smaller than the "
                     "tokenizer's 260"),
@@ -178,25 +180,15 @@ def test_the_library_raises_the_same_sentence(broken):
   assert needle in str(err.value)
 
 
-@pytest.fixture(scope='module')
-def prepared_dir(tmp_path_factory):
-  """The fake plays, prepared: evaluate.py finds the split before it reads
-  a checkpoint."""
-  root = tmp_path_factory.mktemp('data')
-  plays = data_testing.write_fake_plays(root / 'texts', ('macbeth',))
-  data.prepare('shakespeare', str(root / 'tfds'), builder_kwargs={
-      'source_dir': plays, 'plays': ('macbeth',)})
-  return str(root / 'tfds')
-
-
 @pytest.mark.parametrize('name', ['no_checkpoint', 'wider', 'corrupt'])
-def test_evaluate_refuses_a_broken_workdir(name, good_workdir, prepared_dir,
+def test_evaluate_refuses_a_broken_workdir(name, good_workdir, fake_data_dir,
                                            tmp_path, capsys):
   path = str(tmp_path / name)
   shutil.copytree(good_workdir, path)
   breaking, needle = BROKEN[name]
   breaking(path)
-  edit_config(path, section='data', data_dir=prepared_dir)
+  # The split is found before a checkpoint is read: point at prepared data.
+  edit_config(path, section='data', data_dir=fake_data_dir)
   code = EVALUATE.main(['--workdir', path])
   assert needle in refused(capsys, code, 'evaluate.py')
 

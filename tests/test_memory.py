@@ -265,12 +265,13 @@ def snapshot(path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_refusals_leave_the_saved_checkpoint_alone(tmp_path, monkeypatch):
+def test_refusals_leave_the_saved_checkpoint_alone(tmp_path, monkeypatch,
+                                                   real_data_dir):
   """A resumed run that does not fit is refused before compiling (by the
   estimate) or after compiling (by XLA's figure), before its first step:
   the checkpoint it would resume stays as it was."""
   cfg = lm_shakespeare.get_config('tiny')
-  cfg.data.data_dir = str(tmp_path / 'tfds')
+  cfg.data.data_dir = real_data_dir
   cfg.sample.enabled = False
   cfg.num_steps = 3
   work = tmp_path / 'w'

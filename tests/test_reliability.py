@@ -74,14 +74,19 @@ def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
 
 def test_side_files_are_written_whole(tmp_path):
   cfg = lm_shakespeare.get_config('tiny')
-  (tmp_path / 'tokenizer.tmp').mkdir()  # left by a killed earlier start
+  # tokenizer/ without its fingerprint: a start killed while writing it.
+  (tmp_path / 'tokenizer').mkdir()
+  (tmp_path / 'tokenizer' / 'spm.model').write_bytes(b'torn')
   checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
-  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer']
+  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer',
+                                          'tokenizer.sha256']
+  assert os.listdir(tmp_path / 'tokenizer') == ['tokenizer.json']
   assert checkpoint.load_config(str(tmp_path)).seq_len == cfg.seq_len
 
 
 @pytest.mark.slow
 def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
+                                                            real_data_dir,
                                                              monkeypatch):
   """Step 4's loss turns NaN: training stops naming step 4 and the last
   checkpoint (2); nothing from step 4 on is saved."""
@@ -99,7 +104,7 @@ def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
 
   monkeypatch.setattr(steps, 'make_train_step', poisoned)
   cfg = lm_shakespeare.get_config('tiny')
-  cfg.data.data_dir = str(tmp_path / 'tfds')
+  cfg.data.data_dir = real_data_dir
   cfg.update(num_steps=8, checkpoint_every=2, log_every=2, eval_every=100)
   cfg.sample.enabled = False
   work = tmp_path / 'w'

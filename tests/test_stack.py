@@ -2,6 +2,7 @@
 consumer of parameters (checkpoints, torch_compat, export, decoding, the
 sharding report) works in both layouts."""
 
+import functools
 import os
 import sys
 
@@ -62,6 +63,7 @@ def test_scanned_model_starts_from_the_unrolled_parameters(cls):
     np.testing.assert_array_equal(back[name], unrolled[name])
 
 
+@functools.cache  # each layout's step is compiled and run once
 def _loss_and_grads(cls, scan, remat, dropout=0.0):
   model = _model(cls, scan, remat, dropout_rate=dropout)
   model_def, p = params.split(model)

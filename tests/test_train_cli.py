@@ -21,10 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('tfds'))
-  data.prepare('shakespeare', path)
-  return path
+def data_dir(real_data_dir):
+  data.prepare('shakespeare', real_data_dir)
+  return real_data_dir
 
 
 def train(workdir, data_dir, *flags, devices=8, wait=True,
@@ -39,9 +38,26 @@ def train(workdir, data_dir, *flags, devices=8, wait=True,
                           stderr=subprocess.STDOUT, text=True, **popen)
   if not wait:
     return proc
+  return finish(proc)
+
+
+def finish(proc):
+  """The output of a train() started with wait=False; it must succeed."""
   out, _ = proc.communicate(timeout=600)
   assert proc.returncode == 0, out[-3000:]
   return out
+
+
+def together(*procs):
+  """Waits for independent runs started together (wait=False); their
+  outputs, in order. A tiny model's run keeps about one core busy
+  (compiling, then small steps), so two at once take little longer than
+  one on CI's two cores."""
+  try:
+    return [finish(p) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
 
 
 def metrics(workdir):
@@ -56,14 +72,28 @@ def final_params(workdir):
   return split(model)[1]
 
 
-def test_resume_is_bitwise_exact(tmp_path, data_dir):
-  flags = ['--config.log_every=1', '--config.eval_every=3',
-           '--config.checkpoint_every=3']
-  straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-  train(straight, data_dir, '--config.num_steps=6',
-        '--config.peak_tflops=0.5', *flags)
-  train(resumed, data_dir, '--config.num_steps=3', *flags)
-  out = train(resumed, data_dir, '--config.num_steps=6', *flags)
+RESUME_FLAGS = ('--config.log_every=1', '--config.eval_every=3',
+                '--config.checkpoint_every=3')
+
+
+@pytest.fixture(scope='module')
+def lm_runs(tmp_path_factory, data_dir):
+  """A straight 6-step run and the first 3 steps of one to be resumed,
+  trained together. The straight one's checkpoint is also the trained LM
+  that test_trained_checkpoint_decodes_through_the_cli decodes."""
+  root = tmp_path_factory.mktemp('lm')
+  straight, resumed = root / 'straight', root / 'resumed'
+  out, _ = together(
+      train(straight, data_dir, '--config.num_steps=6',
+            '--config.peak_tflops=0.5', *RESUME_FLAGS, wait=False),
+      train(resumed, data_dir, '--config.num_steps=3', *RESUME_FLAGS,
+            wait=False))
+  return {'straight': straight, 'resumed': resumed, 'straight_out': out}
+
+
+def test_resume_is_bitwise_exact(lm_runs, data_dir):
+  straight, resumed = lm_runs['straight'], lm_runs['resumed']
+  out = train(resumed, data_dir, '--config.num_steps=6', *RESUME_FLAGS)
   assert 'Resumed from step 3' in out
   a, b = metrics(straight), metrics(resumed)
   for step in (4, 5, 6):
@@ -91,9 +121,10 @@ def test_restore_onto_another_mesh(tmp_path, data_dir):
   work, straight = tmp_path / 'w', tmp_path / 'straight'
   mesh = ['--config.mesh.data=1', '--config.mesh.fsdp=4',
           '--config.mesh.tensor=2', '--config.log_every=1']
-  out = train(work, data_dir, '--config.num_steps=3', *mesh)
+  out, _ = together(
+      train(work, data_dir, '--config.num_steps=3', *mesh, wait=False),
+      train(straight, data_dir, '--config.num_steps=5', *mesh, wait=False))
   assert "('fsdp', 'tensor')" in out  # the pre-flight report
-  train(straight, data_dir, '--config.num_steps=5', *mesh)
   out = train(work, data_dir, '--config.num_steps=5', '--config.log_every=1',
               devices=1)
   assert 'Resumed from step 3' in out
@@ -112,8 +143,9 @@ def test_scan_remat_and_chunked_loss_train_like_the_plain_step(tmp_path,
   scale = ['--config.model.scan_layers=True', '--config.model.remat=dots',
            '--config.loss_chunk_size=96']
   plain, scaled = tmp_path / 'plain', tmp_path / 'scaled'
-  train(plain, data_dir, '--config.num_steps=4', *flags)
-  train(scaled, data_dir, '--config.num_steps=2', *flags, *scale)
+  together(train(plain, data_dir, '--config.num_steps=4', *flags, wait=False),
+           train(scaled, data_dir, '--config.num_steps=2', *flags, *scale,
+                 wait=False))
   out = train(scaled, data_dir, '--config.num_steps=4', *flags)
   assert 'Resumed from step 2' in out
   for step in (1, 2, 3, 4):
@@ -186,32 +218,47 @@ def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
   assert 6 in metrics(work)
 
 
-def generate(workdir, *flags):
-  return subprocess.run(
+def generate(workdir, *runs):
+  """scripts/generate.py once per flag list in runs, the runs as concurrent
+  processes (each loads and compiles on about one core); their
+  CompletedProcesses, in order."""
+  procs = [subprocess.Popen(
       [sys.executable, os.path.join(ROOT, 'scripts/generate.py'),
-       '--workdir', str(workdir), *flags], cwd=ROOT, capture_output=True,
-      text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+       '--workdir', str(workdir), *flags], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu')) for flags in runs]
+  try:
+    return [subprocess.CompletedProcess(p.args, p.returncode, *outs)
+            for p in procs for outs in [p.communicate(timeout=300)]]
+  finally:
+    for p in procs:
+      p.kill()
 
 
 @pytest.mark.parametrize('config', ['lm_shakespeare', 'translate_ende'])
 def test_trained_checkpoint_decodes_through_the_cli(tmp_path, data_dir,
-                                                    config):
-  work = tmp_path / 'w'
-  out = train(work, data_dir, '--config.num_steps=2', config=config)
+                                                    config, request):
+  if config == 'lm_shakespeare':  # trained 6 steps for the resume test
+    runs = request.getfixturevalue('lm_runs')
+    work, out = runs['straight'], runs['straight_out']
+  else:
+    work = tmp_path / 'w'
+    out = train(work, data_dir, '--config.num_steps=2', config=config)
   assert 'Sample' not in out
   text = 'To be, or not to be'
-  greedy = generate(work, '--input', text, '--max_new_tokens', '12')
+  greedy, again, beam, sampled, empty = generate(
+      work,
+      ['--input', text, '--max_new_tokens', '12'],
+      ['--input', text, '--max_new_tokens', '12'],
+      ['--input', text, '--beam_size', '3', '--max_new_tokens', '12'],
+      ['--input', text, '--temperature', '0.9', '--top_k', '20', '--seed',
+       '3', '--max_new_tokens', '12'],
+      ['--input', '  '])
   assert greedy.returncode == 0, greedy.stderr[-2000:]
-  again = generate(work, '--input', text, '--max_new_tokens', '12')
   assert again.stdout == greedy.stdout  # greedy is deterministic
-  beam = generate(work, '--input', text, '--beam_size', '3',
-                  '--max_new_tokens', '12')
   assert beam.returncode == 0, beam.stderr[-2000:]
-  sampled = generate(work, '--input', text, '--temperature', '0.9',
-                     '--top_k', '20', '--seed', '3', '--max_new_tokens', '12')
   assert sampled.returncode == 0, sampled.stderr[-2000:]
   if config == 'lm_shakespeare':
     assert greedy.stdout.startswith(text)
-  empty = generate(work, '--input', '  ')
   assert empty.returncode == 2
   assert empty.stderr.count('\n') == 1 and 'empty' in empty.stderr

@@ -35,11 +35,14 @@ them when its special tokens sit at 0, 1 and 2 (train it with
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
+
+from etils import epath
 
 from jax_transformer.errors import UsageError
 
@@ -79,12 +82,13 @@ class Tokenizer(Protocol):
 
 
 def _write_config(directory: str | os.PathLike, config: dict) -> None:
-  os.makedirs(directory, exist_ok=True)
+  # epath: a workdir may be in object storage (see storage.py).
+  directory = epath.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
   config = dict(dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
                      unk_id=UNK_ID), **config)
-  with open(os.path.join(directory, _CONFIG_FILE), 'w') as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-    f.write('\n')
+  (directory / _CONFIG_FILE).write_text(
+      json.dumps(config, indent=2, sort_keys=True) + '\n')
 
 
 class _ReservedIds:
@@ -206,8 +210,7 @@ class SentencePieceTokenizer(_ReservedIds):
   def save(self, directory: str | os.PathLike) -> None:
     _write_config(directory, {'kind': self.kind, 'model_file': _SPM_FILE,
                               'vocab_size': self.vocab_size})
-    with open(os.path.join(directory, _SPM_FILE), 'wb') as f:
-      f.write(self._proto)
+    (epath.Path(directory) / _SPM_FILE).write_bytes(self._proto)
 
   def __getstate__(self):
     return {'proto': self._proto}
@@ -305,8 +308,8 @@ class HuggingFaceTokenizer:
         'kind': self.kind, 'model_file': _HF_FILE,
         'vocab_size': self.vocab_size, 'special_tokens': self.special_tokens,
         **{f'{k}_id': self._special_id(k) for k in _HF_SPECIALS}})
-    with open(os.path.join(directory, _HF_FILE), 'w', encoding='utf-8') as f:
-      f.write(self._json)
+    (epath.Path(directory) / _HF_FILE).write_text(self._json,
+                                                 encoding='utf-8')
 
   def save_pretrained(self, directory: str | os.PathLike) -> None:
     """tokenizer.json and tokenizer_config.json, which transformers'
@@ -382,22 +385,35 @@ def reserved_id_mismatches(tokenizer: Tokenizer) -> list[str]:
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   """Restores a tokenizer written by ``save`` (any kind)."""
-  path = os.path.join(directory, _CONFIG_FILE)
-  if not os.path.exists(path):
+  directory = epath.Path(directory)
+  path = directory / _CONFIG_FILE
+  if not path.exists():
     raise FileNotFoundError(f'No {_CONFIG_FILE} in {directory}: not a '
                             'directory written by Tokenizer.save.')
-  with open(path) as f:
-    config = json.load(f)
+  config = json.loads(path.read_text())
   if config['kind'] == ByteTokenizer.kind:
     return ByteTokenizer()
   if config['kind'] == SentencePieceTokenizer.kind:
-    with open(os.path.join(directory, config['model_file']), 'rb') as f:
-      return SentencePieceTokenizer(f.read())
+    return SentencePieceTokenizer(
+        (directory / config['model_file']).read_bytes())
   if config['kind'] == HuggingFaceTokenizer.kind:
-    with open(os.path.join(directory, config['model_file']),
-              encoding='utf-8') as f:
-      return HuggingFaceTokenizer(f.read(), config['special_tokens'])
+    return HuggingFaceTokenizer(
+        (directory / config['model_file']).read_text(encoding='utf-8'),
+        config['special_tokens'])
   raise UsageError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
+
+
+def fingerprint(tokenizer: Tokenizer) -> str:
+  """A sha256 hex digest of what fixes the tokenizer's ids (its kind and
+  model), equal for equal tokenizers however they were saved or loaded."""
+  digest = hashlib.sha256(tokenizer.kind.encode())
+  state = tokenizer.__getstate__() or {}  # None for ByteTokenizer
+  for key in sorted(state):
+    value = state[key]
+    digest.update(key.encode())
+    digest.update(value if isinstance(value, bytes)
+                  else json.dumps(value, sort_keys=True).encode())
+  return digest.hexdigest()
 
 
 def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
