@@ -289,16 +289,15 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
   or SIGINT stopped the run after saving."""
   main = jax.process_index() == 0
-  # Ends this process with one line if another one is lost (liveness.py).
-  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
-  # Everything that can be refused is, before any data is prepared.
+  # Everything that can be refused is, before any data is prepared (the
+  # same on every process: no agreement needed).
   check_run_fields(cfg)
   root = storage.path(workdir)
   check_resumable(cfg, workdir)
   mesh = check_model_and_mesh(cfg)
-  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
-         else '')
-  storage.check_writable(root, who=who)  # every host: each writes shards
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
+  check_workdir(root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
   prepared = prepare_data(cfg)
   tokenizer = checkpoint.run_tokenizer(
@@ -313,8 +312,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   footprint = memory.estimate(cfg, setup.model_config, abstract_state,
                               shardings, mesh)
   log(memory.preflight(footprint, budget))
-  # A checkpoint is about the state's size; each host writes its shards.
-  storage.check_writable(root, _state_bytes(abstract_state), who)
+  check_workdir(root, _state_bytes(abstract_state), 'workdir has space')
   sync('workdir read')  # nobody reads tokenizer/ while process 0 writes it
   if main:
     checkpoint.save_side_files(workdir, cfg, tokenizer)
@@ -426,6 +424,19 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   if watchdog:
     watchdog.stop()
   return last
+
+
+def check_workdir(root, need_bytes: int, name: str) -> None:
+  """storage.check_writable on every process (each writes its shards of a
+  checkpoint), agreed: where one process cannot write, all stop at once."""
+  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
+         else '')
+  try:
+    storage.check_writable(root, need_bytes, who)
+  except UsageError as err:
+    distributed.all_passed(name, str(err))
+    raise
+  distributed.all_passed(name)
 
 
 def _state_bytes(abstract_state) -> int:
