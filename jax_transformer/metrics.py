@@ -15,7 +15,9 @@ class MetricWriter:
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
+    path = os.path.join(workdir, 'metrics.jsonl')
+    _cut_torn_line(path)
+    self._jsonl = open(path, 'a')
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
@@ -34,6 +36,17 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def _cut_torn_line(path: str) -> None:
+  """Drops a last line that has no newline: half a row, left by a run
+  killed while writing it, which the next row appended would corrupt."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    text = f.read()
+    if text and not text.endswith(b'\n'):
+      f.truncate(text.rfind(b'\n') + 1)
 
 
 def read_jsonl(workdir: str) -> list[dict]:
