@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer import (checkpoint, data, distributed, evaluation,
-                             experiment, memory, perf, sharding, steps,
+                             experiment, memory, optim, perf, sharding, steps,
                              storage)
 from jax_transformer.errors import UsageError
 from jax_transformer.metrics import MetricWriter
@@ -131,6 +131,11 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
     raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
                      'be on a local or mounted path (object storage works '
                      'for --workdir).')
+  skips = cfg.optim.get('max_skipped_updates', 0)
+  if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+    raise UsageError('config.optim.max_skipped_updates must be a '
+                     'non-negative integer (0: stop at the first non-finite '
+                     f'step), got {skips!r}.')
 
 
 def check_model_and_mesh(cfg: ml_collections.ConfigDict):
@@ -254,23 +259,36 @@ def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
       donate_argnums=0)
 
 
-def check_finite(metrics: dict, step: int, checkpointer) -> None:
-  """Stops training at the first non-finite loss or gradient norm.
+def check_finite(metrics: dict, step: int, checkpointer,
+                 max_skipped: int = 0) -> None:
+  """Stops training at the first non-finite loss or gradient norm, or with
+  max_skipped > 0 (optim.max_skipped_updates) once that many consecutive
+  updates were skipped for one (``optim.skip_non_finite``).
 
   metrics: one step's (on the host); step: that step's number, counting
   from 1. Raises FloatingPointError naming the step and the checkpoint a
   rerun resumes from; the caller saves nothing after it.
   """
-  values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
-  if all(np.isfinite(v) for v in values.values()):
-    return
+  if max_skipped:
+    consecutive = int(metrics['consecutive_skips'])
+    if consecutive < max_skipped:
+      return
+    problem = (f'The {consecutive} steps up to step {step} all had a '
+               'non-finite loss or gradient norm and were skipped '
+               f'(optim.max_skipped_updates={max_skipped}; '
+               f'{int(metrics["skipped_updates"])} skipped since step 0)')
+  else:
+    values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
+    if all(np.isfinite(v) for v in values.values()):
+      return
+    problem = (f'Step {step} gave a non-finite loss sum or gradient norm '
+               f'({values})')
   checkpointer.wait()
   last = checkpointer.latest_step()
   where = ('no checkpoint yet' if last is None
            else f'the last checkpoint is step {last}')
   raise FloatingPointError(
-      f'Step {step} gave a non-finite loss sum or gradient norm ({values}); '
-      f'training stopped without saving it ({where}): lower '
+      f'{problem}; training stopped without saving it ({where}): lower '
       'optim.learning_rate or set optim.clip_norm, then rerun to resume.')
 
 
@@ -350,6 +368,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   progress = _progress_bar(step, cfg.num_steps, main)
   compiled, previous, tick = None, None, 0.0
   interrupted_eval = False
+  max_skipped = cfg.optim.get('max_skipped_updates', 0)
   try:
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
@@ -371,7 +390,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
       if previous is not None:
         # At most two steps in flight: the bar counts finished steps, and a
         # signal or a save never waits behind a backlog of dispatches.
-        check_finite(jax.device_get(previous), step, checkpointer)
+        check_finite(jax.device_get(previous), step, checkpointer,
+                     max_skipped)
         progress.update(1)
       previous = metrics
       step += 1
@@ -399,6 +419,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
                            f'eval loss {last["eval_loss"]:.4f}, perplexity '
                            f'{last["eval_perplexity"]:.2f}{bleu}')
         writer.write(step, last)
+        # previous is cleared: the next step will not check this one.
+        check_finite(sums[-1], step, checkpointer, max_skipped)
         progress.set_postfix(loss=f'{last["loss"]:.3f}',
                              tok_s=f'{last["tokens_per_s"]:,.0f}')
         # Evaluation and logging are not training time.
@@ -406,7 +428,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
       stop = interrupted_eval or preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
         # Never save a state a non-finite step produced.
-        check_finite(jax.device_get(metrics), step, checkpointer)
+        check_finite(jax.device_get(metrics), step, checkpointer,
+                     max_skipped)
         checkpointer.save(state, train_iter.get_state())
       if stop:
         last['interrupted'] = preemption.requested or 'another host'
@@ -486,6 +509,9 @@ def _summarise(sums, setup, cfg, step) -> dict[str, float]:
       'learning_rate': float(setup.schedule(updates)),
       # Target tokens since the last row; summed over rows, the tokens seen.
       'target_tokens': tokens,
+      # Skipped updates (optim.skip_non_finite) as of the row's last step.
+      **{k: float(sums[-1][k]) for k in optim.SKIP_COUNTERS
+         if k in sums[-1]},
   }
 
 
