@@ -84,9 +84,11 @@ def make_optimizer(cfg: Mapping[str, Any], schedule: optax.Schedule,
   steps = int(cfg.get('grad_accum_steps', 1))
   if steps > 1:
     tx = accumulate_per_token(tx, steps)
-  # Present (its state too) whatever optim.max_skipped_updates, so that a
-  # run stopped by a non-finite step resumes with skipping turned on.
-  return skip_non_finite(tx, skip=int(cfg.get('max_skipped_updates', 0)) > 0)
+  if int(cfg.get('max_skipped_updates', 0)) > 0:
+    return skip_non_finite(tx)
+  # Without skipping the state is the optimizer's own, as in checkpoints
+  # written before skipping existed: they resume.
+  return optax.with_extra_args_support(tx)
 
 
 def _select(pred: jax.Array, new: Any, old: Any) -> Any:

@@ -133,7 +133,7 @@ def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
   mesh = sharding.make_mesh(cfg.mesh)
   abstract = setup.abstract_state(cfg.seed)
   shardings, param_specs = trainer.state_shardings(setup, mesh, abstract)
-  grad_sum = shardings['opt_state'].inner.grad_sum
+  grad_sum = shardings['opt_state'].grad_sum
   assert {k: s.spec for k, s in grad_sum.items()} == param_specs
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx),
                  in_shardings=(shardings, sharding.batch_sharding(mesh)),
@@ -148,7 +148,7 @@ def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
       abstract, shardings)
   restored, _ = saver.restore(abstract)
   saver.close()
-  accumulator = restored['opt_state'].inner
+  accumulator = restored['opt_state']
   assert int(accumulator.micro_step) == 1
   assert float(accumulator.tokens) == T + 29
   for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
