@@ -64,7 +64,11 @@ def base_config() -> ConfigDict:
       optimizer='adamw', schedule='warmup_cosine', learning_rate=2e-3,
       warmup_steps=50, final_lr_fraction=0.1, lr_scale=1.0, b1=0.9, b2=0.98,
       eps=1e-9, weight_decay=0.1, clip_norm=1.0, grad_accum_steps=1,
-      label_smoothing=0.0, z_loss=0.0))
+      label_smoothing=0.0, z_loss=0.0,
+      # Updates with a non-finite loss or gradient norm are skipped (params
+      # and optimizer state kept); training stops at the first (0) or after
+      # this many in a row.
+      max_skipped_updates=0))
   c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1))
   c.sample = ConfigDict(dict(enabled=True, prompt='ROMEO:', max_new_tokens=200,
                              temperature=0.8, top_k=40))

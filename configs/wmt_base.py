@@ -24,6 +24,7 @@ def get_config(preset: str | None = None) -> ConfigDict:
   c.data.direction = 'en-de'
   c.data.tokenizer = 'sentencepiece'
   c.data.vocab_size = 37000
+  c.data.spm_model_type = 'bpe'
   c.data.pack = True
   c.data.src_len = 256
   c.data.eval_split = 'validation'

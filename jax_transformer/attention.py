@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import checkify
 
 from jax_transformer.config import ModelConfig
 from jax_transformer.layers import dropout, param, rotate
@@ -90,6 +91,33 @@ class KVCache(NamedTuple):
 def cache_layout(kv: Array) -> Array:
   """Keys or values [B, S, K, H] as the cache holds them: [B, K, S, H]."""
   return kv.transpose(0, 2, 1, 3)
+
+
+def check_room(cache: KVCache, new_tokens: int) -> None:
+  """Refuses writing new_tokens into cache slots past its last one.
+
+  The write itself (``dynamic_update_slice``) would clamp its start and
+  silently overwrite the last slots. A concrete index (an eager call) is
+  checked here, raising ValueError. A traced one (under jit) cannot be
+  read while tracing: its check is a ``checkify.debug_check``, which
+  raises only under ``jax.experimental.checkify.checkify`` and is dropped
+  otherwise, leaving ``cache.index > cache.max_len`` in the returned cache
+  for the next eager call to refuse.
+  """
+  room = cache.max_len
+  traced = isinstance(cache.index, jax.core.Tracer)
+  # 0 is the least a traced index can be: too many tokens fit from nowhere.
+  start = 0 if traced else int(cache.index)
+  if start + new_tokens > room:
+    where = 'any slot' if traced else f'slot {start}'
+    raise ValueError(f'{new_tokens} new tokens from {where} run past a KV '
+                     f'cache of {room} slots; make the cache with max_len >= '
+                     f'{start + new_tokens}.')
+  if traced:
+    checkify.debug_check(
+        cache.index + new_tokens <= room,
+        f'{new_tokens} new tokens from slot {{}} run past a KV cache of '
+        f'{room} slots.', cache.index)
 
 
 def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:

@@ -79,17 +79,40 @@ class Checkpointer:
   def check_fits(self, abstract_params: dict[str, Any], step: int) -> None:
     """Raises CheckpointMismatch naming the first parameter whose saved
     shape differs from abstract_params' (in the checkpoint's layout)."""
-    saved = self._saved_params(step)
-    wanted = {k: v.shape for k, v in abstract_params.items()}
-    for name in sorted(set(saved) | set(wanted)):
-      have = tuple(saved[name].shape) if name in saved else None
-      want = tuple(wanted[name]) if name in wanted else None
-      if have != want:
-        raise CheckpointMismatch(
-            f'Checkpoint step {step} in {self.manager.directory} holds '
-            f'{name} with shape {have}, this config builds {want}: the model '
-            'config changed; use the config it was trained with or a new '
-            '--workdir.')
+    differ = _first_difference(self._saved_params(step), abstract_params)
+    if differ:
+      name, have, want = differ
+      raise CheckpointMismatch(
+          f'Checkpoint step {step} in {self.manager.directory} holds '
+          f'{name} with shape {have}, this config builds {want}: the model '
+          'config changed; use the config it was trained with or a new '
+          '--workdir.')
+
+  def check_optimizer_fits(self, abstract_train: dict[str, Any], step: int
+                           ) -> None:
+    """Raises CheckpointMismatch naming the first optimizer-state entry
+    that the checkpoint and abstract_train (the state less params) do not
+    both hold with one shape."""
+    path = self.manager.directory / str(step) / 'train'
+    saved = ocp.StandardCheckpointer().metadata(path).item_metadata
+    differ = _first_difference(
+        {'.'.join(k): v for k, v in ocp.tree.to_flat_dict(saved).items()},
+        {'.'.join(k): v for k, v in
+         ocp.tree.to_flat_dict(abstract_train).items()})
+    if differ:
+      name, have, want = differ
+      if have is None:
+        held = f'lacks {name}, which this config builds with shape {want}'
+      elif want is None:
+        held = f'holds {name}, which this config does not build'
+      else:
+        held = f'holds {name} with shape {have}, this config builds {want}'
+      raise CheckpointMismatch(
+          f'Checkpoint step {step} in {self.manager.directory} {held}: the '
+          'optimizer state changed '
+          '(optim.optimizer, clip_norm on or off, grad_accum_steps above 1 '
+          'or not, or a version before per-token accumulation); resume with '
+          'the config it was trained with or use a new --workdir.')
 
   def _other_layout(self, abstract: Any, step: int):
     """(abstract as the checkpoint lays its layers out, a function from
@@ -138,6 +161,7 @@ class Checkpointer:
     abstract_state, convert = self._other_layout(abstract_state, step)
     self.check_fits(abstract_state['params'], step)
     train = {k: v for k, v in abstract_state.items() if k != 'params'}
+    self.check_optimizer_fits(train, step)
     try:
       got = self.manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(abstract_state['params']),
@@ -184,6 +208,18 @@ class Checkpointer:
 
   def close(self) -> None:
     self.manager.close()
+
+
+def _first_difference(saved: dict[str, Any], wanted: dict[str, Any]):
+  """(name, saved shape, wanted shape) for the first name, in sorted order,
+  whose shapes differ or that only one side holds (None on the other), or
+  None: both map names to arrays or array metadata."""
+  for name in sorted(set(saved) | set(wanted)):
+    have = tuple(saved[name].shape) if name in saved else None
+    want = tuple(wanted[name].shape) if name in wanted else None
+    if have != want:
+      return name, have, want
+  return None
 
 
 def _first_line(err: BaseException) -> str:

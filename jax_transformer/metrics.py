@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Mapping
 
 from absl import logging
@@ -30,7 +31,9 @@ class MetricWriter:
     self._text, self._jsonl = None, None
     if storage.is_remote(root):
       self._text = self._path.read_text() if self._path.exists() else ''
+      self._text = self._text[:self._text.rfind('\n') + 1]  # see below
     else:
+      _cut_torn_line(self._path)
       self._jsonl = open(self._path, 'a')
     self._tb = _tensorboard(root)
 
@@ -71,6 +74,17 @@ def _tensorboard(root):
                     'metrics.jsonl is written.', root)
     return None
   return SummaryWriter(str(root / 'tensorboard'))
+
+
+def _cut_torn_line(path) -> None:
+  """Drops a last line that has no newline: half a row, left by a run
+  killed while writing it, which the next row appended would corrupt."""
+  if not os.path.exists(path):
+    return
+  with open(path, 'rb+') as f:
+    text = f.read()
+    if text and not text.endswith(b'\n'):
+      f.truncate(text.rfind(b'\n') + 1)
 
 
 def read_jsonl(workdir: str) -> list[dict]:

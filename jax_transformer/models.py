@@ -144,8 +144,13 @@ class _Transformer(nnx.Module):
     (a prefill needs the last real token's logits, not T x V of them).
     Returns (logits [B, T, V] float32, or [B, 1, V] with logits_at; the
     updated cache).
+
+    Slots past the cache's last are refused (see
+    :func:`jax_transformer.attention.check_room`): a ValueError when
+    called eagerly; under jit, only inside ``checkify.checkify``.
     """
     b, t = ids.shape
+    attn.check_room(cache, t)
     if mask is None:
       mask = jnp.ones((b, t), bool)
     if positions is None:

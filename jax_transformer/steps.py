@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jax_transformer import optim
 from jax_transformer.losses import chunked_cross_entropy, cross_entropy
 from jax_transformer.params import ModelDef
 
@@ -93,8 +94,17 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
   """One optimizer step (or one micro-step under gradient accumulation).
 
+  The metrics are the step's loss sums (``loss_sums``), grad_norm (the
+  norm of this step's gradient of the loss per target token, before
+  clipping: under accumulation, of this micro-batch's alone) and, for an
+  optimizer from ``optim.make_optimizer``, the counters of skipped
+  updates (``optim.SKIP_COUNTERS``). ``tx`` gets the loss sum and the
+  target tokens as the keyword arguments loss and tokens, which
+  ``optim.skip_non_finite`` and ``optim.accumulate_per_token`` read (and
+  any other optimizer ignores).
   packed and loss_chunk_size: see ``forward`` and ``loss_sums``.
   """
+  tx = optax.with_extra_args_support(tx)
 
   def loss_fn(params, batch, key):
     sums = loss_sums(model_def.merge(params), batch, False,
@@ -107,11 +117,13 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']),
                              state['step'])
     grads, sums = jax.grad(loss_fn, has_aux=True)(state['params'], batch, key)
-    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'],
+                                   loss=sums['loss'], tokens=sums['tokens'])
     new_state = dict(state, params=optax.apply_updates(state['params'],
                                                        updates),
                      opt_state=opt_state, step=state['step'] + 1)
-    metrics = dict(sums, grad_norm=optax.tree.norm(grads))
+    metrics = dict(sums, grad_norm=optax.tree.norm(grads),
+                   **optim.skip_counts(opt_state))
     return new_state, metrics
 
   return train_step

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer import (checkpoint, data, distributed, evaluation,
-                             experiment, memory, perf, sharding, steps,
+                             experiment, memory, optim, perf, sharding, steps,
                              storage)
 from jax_transformer.errors import UsageError
 from jax_transformer.metrics import MetricWriter
@@ -131,6 +131,11 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
     raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
                      'be on a local or mounted path (object storage works '
                      'for --workdir).')
+  skips = cfg.optim.get('max_skipped_updates', 0)
+  if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+    raise UsageError('config.optim.max_skipped_updates must be a '
+                     'non-negative integer (0: stop at the first non-finite '
+                     f'step), got {skips!r}.')
 
 
 def check_model_and_mesh(cfg: ml_collections.ConfigDict):
@@ -254,23 +259,36 @@ def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
       donate_argnums=0)
 
 
-def check_finite(metrics: dict, step: int, checkpointer) -> None:
-  """Stops training at the first non-finite loss or gradient norm.
+def check_finite(metrics: dict, step: int, checkpointer,
+                 max_skipped: int = 0) -> None:
+  """Stops training at the first non-finite loss or gradient norm, or with
+  max_skipped > 0 (optim.max_skipped_updates) once that many consecutive
+  updates were skipped for one (``optim.skip_non_finite``).
 
   metrics: one step's (on the host); step: that step's number, counting
   from 1. Raises FloatingPointError naming the step and the checkpoint a
   rerun resumes from; the caller saves nothing after it.
   """
-  values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
-  if all(np.isfinite(v) for v in values.values()):
-    return
+  if max_skipped:
+    consecutive = int(metrics['consecutive_skips'])
+    if consecutive < max_skipped:
+      return
+    problem = (f'The {consecutive} steps up to step {step} all had a '
+               'non-finite loss or gradient norm and were skipped '
+               f'(optim.max_skipped_updates={max_skipped}; '
+               f'{int(metrics["skipped_updates"])} skipped since step 0)')
+  else:
+    values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
+    if all(np.isfinite(v) for v in values.values()):
+      return
+    problem = (f'Step {step} gave a non-finite loss sum or gradient norm '
+               f'({values})')
   checkpointer.wait()
   last = checkpointer.latest_step()
   where = ('no checkpoint yet' if last is None
            else f'the last checkpoint is step {last}')
   raise FloatingPointError(
-      f'Step {step} gave a non-finite loss sum or gradient norm ({values}); '
-      f'training stopped without saving it ({where}): lower '
+      f'{problem}; training stopped without saving it ({where}): lower '
       'optim.learning_rate or set optim.clip_norm, then rerun to resume.')
 
 
@@ -289,16 +307,15 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
   or SIGINT stopped the run after saving."""
   main = jax.process_index() == 0
-  # Ends this process with one line if another one is lost (liveness.py).
-  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
-  # Everything that can be refused is, before any data is prepared.
+  # Everything that can be refused is, before any data is prepared (the
+  # same on every process: no agreement needed).
   check_run_fields(cfg)
   root = storage.path(workdir)
   check_resumable(cfg, workdir)
   mesh = check_model_and_mesh(cfg)
-  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
-         else '')
-  storage.check_writable(root, who=who)  # every host: each writes shards
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.path.join(workdir, 'checkpoints'))
+  check_workdir(root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
   prepared = prepare_data(cfg)
   tokenizer = checkpoint.run_tokenizer(
@@ -313,8 +330,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   footprint = memory.estimate(cfg, setup.model_config, abstract_state,
                               shardings, mesh)
   log(memory.preflight(footprint, budget))
-  # A checkpoint is about the state's size; each host writes its shards.
-  storage.check_writable(root, _state_bytes(abstract_state), who)
+  check_workdir(root, _state_bytes(abstract_state), 'workdir has space')
   sync('workdir read')  # nobody reads tokenizer/ while process 0 writes it
   if main:
     checkpoint.save_side_files(workdir, cfg, tokenizer)
@@ -352,6 +368,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   progress = _progress_bar(step, cfg.num_steps, main)
   compiled, previous, tick = None, None, 0.0
   interrupted_eval = False
+  max_skipped = cfg.optim.get('max_skipped_updates', 0)
   try:
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
@@ -373,7 +390,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
       if previous is not None:
         # At most two steps in flight: the bar counts finished steps, and a
         # signal or a save never waits behind a backlog of dispatches.
-        check_finite(jax.device_get(previous), step, checkpointer)
+        check_finite(jax.device_get(previous), step, checkpointer,
+                     max_skipped)
         progress.update(1)
       previous = metrics
       step += 1
@@ -401,6 +419,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
                            f'eval loss {last["eval_loss"]:.4f}, perplexity '
                            f'{last["eval_perplexity"]:.2f}{bleu}')
         writer.write(step, last)
+        # previous is cleared: the next step will not check this one.
+        check_finite(sums[-1], step, checkpointer, max_skipped)
         progress.set_postfix(loss=f'{last["loss"]:.3f}',
                              tok_s=f'{last["tokens_per_s"]:,.0f}')
         # Evaluation and logging are not training time.
@@ -408,7 +428,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
       stop = interrupted_eval or preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
         # Never save a state a non-finite step produced.
-        check_finite(jax.device_get(metrics), step, checkpointer)
+        check_finite(jax.device_get(metrics), step, checkpointer,
+                     max_skipped)
         checkpointer.save(state, train_iter.get_state())
       if stop:
         last['interrupted'] = preemption.requested or 'another host'
@@ -426,6 +447,19 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str
   if watchdog:
     watchdog.stop()
   return last
+
+
+def check_workdir(root, need_bytes: int, name: str) -> None:
+  """storage.check_writable on every process (each writes its shards of a
+  checkpoint), agreed: where one process cannot write, all stop at once."""
+  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
+         else '')
+  try:
+    storage.check_writable(root, need_bytes, who)
+  except UsageError as err:
+    distributed.all_passed(name, str(err))
+    raise
+  distributed.all_passed(name)
 
 
 def _state_bytes(abstract_state) -> int:
@@ -475,6 +509,9 @@ def _summarise(sums, setup, cfg, step) -> dict[str, float]:
       'learning_rate': float(setup.schedule(updates)),
       # Target tokens since the last row; summed over rows, the tokens seen.
       'target_tokens': tokens,
+      # Skipped updates (optim.skip_non_finite) as of the row's last step.
+      **{k: float(sums[-1][k]) for k in optim.SKIP_COUNTERS
+         if k in sums[-1]},
   }
 
 

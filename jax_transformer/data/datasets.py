@@ -211,6 +211,9 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
       builders at fixture files with these).
   """
   spec = get_spec(dataset_name)
+  # Checked whatever the tokenizer, before the dataset is built: a typo
+  # should not wait for a download.
+  tok.check_model_type(model_type)
   data_dir = data_dir or default_data_dir()
   builder = build(spec.name, data_dir, builder_kwargs)
   kind = tokenizer or spec.tokenizer

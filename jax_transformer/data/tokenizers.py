@@ -165,9 +165,7 @@ class SentencePieceTokenizer(_ReservedIds):
       max_sentences: cap on the lines SentencePiece keeps (it samples them).
     """
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-    if model_type not in ('unigram', 'bpe'):
-      raise UsageError(f"model_type must be 'unigram' or 'bpe', not "
-                       f'{model_type!r}')
+    check_model_type(model_type)
     model = io.BytesIO()
     spm.set_random_generator_seed(0)  # the line sample is then reproducible
     spm.SentencePieceTrainer.train(
@@ -414,6 +412,14 @@ def fingerprint(tokenizer: Tokenizer) -> str:
     digest.update(value if isinstance(value, bytes)
                   else json.dumps(value, sort_keys=True).encode())
   return digest.hexdigest()
+
+
+def check_model_type(model_type: str) -> None:
+  """Refuses a SentencePiece model type other than 'unigram' or 'bpe'."""
+  if model_type not in ('unigram', 'bpe'):
+    raise UsageError("The SentencePiece model_type (a training config's "
+                     "data.spm_model_type) must be 'unigram' or 'bpe', got "
+                     f'{model_type!r}.')
 
 
 def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,

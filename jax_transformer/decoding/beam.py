@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
-from jax_transformer.decoding.loop import chunk_size, in_chunks
+from jax_transformer.decoding.loop import chunk_size, in_chunks, within
 from jax_transformer.decoding.prefill import prefill, start
 from jax_transformer.decoding.results import BeamResult
 
@@ -181,7 +181,7 @@ def beam_search_jit(graphdef, state, inputs: Inputs, eos_id: Array,
     """Feeds the live beams' tokens at slot i: next log-probs [B, K, V]."""
     cache = _reorder_cache(cache, parent, t, axes)
     newest = jax.lax.dynamic_slice_in_dim(beams.alive, i, 1, axis=2)
-    logits, cache = model.extend(newest.reshape(b * k, 1), cache)
+    logits, cache = model.extend(newest.reshape(b * k, 1), within(cache))
     logp = jax.nn.log_softmax(logits[:, 0], axis=-1).reshape(b, k, -1)
     return logp, constrain(cache, mesh)
 

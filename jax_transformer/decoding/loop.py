@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
 from jax_transformer.decoding.prefill import prefill
 from jax_transformer.decoding.results import Generation
@@ -49,6 +50,16 @@ def in_chunks(body: Callable, carry, first: int, last: int, chunk: int,
   return jax.lax.while_loop(cond, chunk_body, (jnp.int32(first), carry))[1]
 
 
+def within(cache: KVCache) -> KVCache:
+  """The cache with its write index held at its last slot at most.
+
+  A chunk's overrun steps (see ``in_chunks``) would write past the cache's
+  end, which ``extend`` refuses; held, they rewrite the last slot, after
+  every result they could change is final.
+  """
+  return cache._replace(index=jnp.minimum(cache.index, cache.max_len - 1))
+
+
 @functools.partial(jax.jit, static_argnames=(
     'graphdef', 'max_new_tokens', 'sampler', 'mesh'))
 def generate_jit(graphdef, state, inputs: Inputs, key: Array,
@@ -62,8 +73,8 @@ def generate_jit(graphdef, state, inputs: Inputs, key: Array,
   # Room for the final chunk's overrun; sliced off at the end.
   width = 1 + chunk * -(-(n - 1) // chunk)
   # The last new token is never fed back, so it needs no slot. Overrun
-  # steps write past the cache's end (clamped onto its last slot) after
-  # every returned token is final, which is harmless.
+  # steps rewrite the cache's last slot (see within) after every returned
+  # token is final, which is harmless.
   logits, cache = prefill(model, inputs, t + n - 1, mesh)
   first = sampler(logits, jax.random.fold_in(key, 0)).astype(jnp.int32)
   tokens = jnp.full((b, width), pad_id, jnp.int32).at[:, 0].set(first)
@@ -73,7 +84,7 @@ def generate_jit(graphdef, state, inputs: Inputs, key: Array,
   def step(i, carry):
     tokens, done, lengths, cache = carry
     previous = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
-    logits, cache = model.extend(previous, cache)
+    logits, cache = model.extend(previous, within(cache))
     token = sampler(logits[:, 0], jax.random.fold_in(key, i)).astype(
         jnp.int32)
     token = jnp.where(done, pad_id, token)

@@ -1,0 +1,366 @@
+"""Kill training at random moments; resuming must lose nothing.
+
+    python scripts/soak.py --workdir /tmp/soak --cycles 20 --seed 0
+
+Trains once without interruption (DIR/reference), then starts train.py again
+and again in DIR/round_<r>, killing each start at a moment drawn from
+--seed: SIGKILL (which can tear a checkpoint mid-write) or SIGTERM (which
+saves and exits with status 75), some seconds after launch (imports, data,
+compiling), as a checkpoint appears (mid-save), or after some logged steps.
+A round ends when a start finishes; its final checkpoint must then equal the
+reference's bit for bit (parameters, optimizer state, step, RNG and data
+position) and every loss it logged, before or after a kill, the reference's
+at that step. Once --cycles kills are spent, the open round runs to its end.
+
+The seed fixes each cycle's plan (signal, moment); what the moment hits
+still depends on the machine's speed. Prints one line per start, then the
+verdict; exits 1 naming the first difference. Config overrides pass through
+after ``--``, e.g. ``-- --config.mesh.data=2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import NamedTuple, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+try:
+  import jax_transformer  # noqa: F401
+except ImportError:  # Run from a checkout without installing the package.
+  sys.path.insert(0, ROOT)
+
+# train.py's status after SIGTERM: saved, not finished (trainer.py).
+EXIT_INTERRUPTED = 75
+# Logged values that must repeat exactly (timings need not).
+EXACT_METRICS = ('loss', 'grad_norm', 'learning_rate', 'eval_loss')
+
+
+class SoakFailure(AssertionError):
+  """Resume lost or changed something: the message says what."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--workdir', required=True,
+                 help='holds the reference run, the rounds and their logs')
+  p.add_argument('--cycles', type=int, default=20,
+                 help='starts to kill, in all rounds together')
+  p.add_argument('--seed', type=int, default=0,
+                 help='draws every kill (signal and moment)')
+  p.add_argument('--config', default=os.path.join(
+      ROOT, 'configs', 'lm_shakespeare.py:tiny'), help='FILE[:preset]')
+  p.add_argument('--data_dir', default=None,
+                 help="the datasets' root (default: the config's)")
+  p.add_argument('--num_steps', type=int, default=16)
+  p.add_argument('--checkpoint_every', type=int, default=2)
+  p.add_argument('--keep_checkpoints', type=int, default=2,
+                 help='few, so that kills also land while old ones go')
+  p.add_argument('--eval_every', type=int, default=4)
+  p.add_argument('--max_start_delay', type=float, default=15.0,
+                 help='latest kill, in seconds, of the after-launch kind')
+  p.add_argument('--timeout', type=float, default=900.0,
+                 help='seconds one start may take before it counts as hung')
+  p.add_argument('overrides', nargs='*',
+                 help='more train.py flags, after --')
+  args = p.parse_args(argv)
+  if args.cycles < 0:
+    p.error(f'--cycles must be 0 or more, got {args.cycles}.')
+  for name in ('num_steps', 'checkpoint_every', 'keep_checkpoints',
+               'eval_every'):
+    if getattr(args, name) < 1:
+      p.error(f'--{name} must be a positive integer, got '
+              f'{getattr(args, name)}.')
+  # train.py runs in the checkout's root: paths must not depend on ours.
+  args.workdir = os.path.abspath(args.workdir)
+  if args.data_dir:
+    args.data_dir = os.path.abspath(args.data_dir)
+  path, colon, preset = args.config.partition(':')
+  args.config = os.path.abspath(path) + colon + preset
+  return args
+
+
+class Kill(NamedTuple):
+  """When and how one start is stopped.
+
+  anchor 'launch': ``delay`` seconds after the start; 'checkpoint': when
+  the ``count``-th new entry of checkpoints/ appears (an Orbax temporary
+  directory first: mid-save), then ``delay`` seconds; 'steps': as soon as
+  metrics.jsonl holds ``count`` more rows.
+  """
+  signum: int
+  anchor: str
+  count: int = 0
+  delay: float = 0.0
+
+  def __str__(self):
+    name = signal.Signals(self.signum).name
+    if self.anchor == 'launch':
+      return f'{name} {self.delay:.2f} s after launch'
+    if self.anchor == 'checkpoint':
+      return f'{name} {self.delay:.2f} s after checkpoint entry {self.count}'
+    return f'{name} after {self.count} logged step' + 's' * (self.count > 1)
+
+
+def draw(rng: random.Random, max_start_delay: float) -> Kill:
+  """One cycle's kill; the sequence depends on the seed alone."""
+  signum = rng.choice((signal.SIGKILL, signal.SIGTERM))
+  anchor = rng.choice(('launch', 'checkpoint', 'steps'))
+  if anchor == 'launch':
+    return Kill(signum, anchor, delay=rng.uniform(0, max_start_delay))
+  if anchor == 'checkpoint':
+    return Kill(signum, anchor, rng.randint(1, 3), rng.uniform(0, 0.3))
+  return Kill(signum, anchor, rng.randint(1, 4))
+
+
+def train_command(args, workdir: str) -> list[str]:
+  flags = [f'--config.num_steps={args.num_steps}',
+           f'--config.checkpoint_every={args.checkpoint_every}',
+           f'--config.keep_checkpoints={args.keep_checkpoints}',
+           f'--config.eval_every={args.eval_every}',
+           '--config.log_every=1', '--config.sample.enabled=False']
+  if args.data_dir:
+    flags.append(f'--config.data.data_dir={args.data_dir}')
+  return [sys.executable, os.path.join(ROOT, 'train.py'),
+          '--config', args.config, '--workdir', workdir,
+          '--compilation_cache_dir',
+          os.path.join(args.workdir, 'xla_cache'),
+          *flags, *args.overrides]
+
+
+def launch(args, workdir: str, log_path: str) -> subprocess.Popen:
+  # Unbuffered: a killed start's log holds everything it printed.
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  # This checkout's package, whatever else is installed.
+  env['PYTHONPATH'] = os.pathsep.join(
+      p for p in (ROOT, env.get('PYTHONPATH')) if p)
+  with open(log_path, 'w') as log:
+    return subprocess.Popen(train_command(args, workdir), cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def entries(workdir: str) -> set[str]:
+  try:
+    return set(os.listdir(os.path.join(workdir, 'checkpoints')))
+  except FileNotFoundError:
+    return set()
+
+
+def rows(workdir: str) -> int:
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), 'rb') as f:
+      return f.read().count(b'\n')
+  except FileNotFoundError:
+    return 0
+
+
+def wait_for(proc: subprocess.Popen, kill: Kill, workdir: str,
+             timeout: float) -> bool:
+  """Polls until the kill's moment (True), or the start's exit or timeout
+  seconds (False)."""
+  started, seen, logged = time.monotonic(), entries(workdir), rows(workdir)
+  new: set[str] = set()
+  moment = None
+  while proc.poll() is None:
+    now = time.monotonic()
+    if now - started >= timeout:
+      return False
+    if kill.anchor == 'launch' and now - started >= kill.delay:
+      return True
+    if kill.anchor == 'steps' and rows(workdir) - logged >= kill.count:
+      return True
+    if kill.anchor == 'checkpoint' and moment is None:
+      new |= entries(workdir) - seen
+      if len(new) >= kill.count:
+        moment = now + kill.delay
+    if moment is not None and now >= moment:
+      return True
+    time.sleep(0.005)
+  return False
+
+
+def finish(proc: subprocess.Popen, timeout: float, log_path: str) -> int:
+  try:
+    return proc.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+    raise SoakFailure(f'A start ran over {timeout:.0f} s (hung?); see '
+                      f'{log_path}.') from None
+
+
+def allowed(kill: Kill | None) -> set[int]:
+  """Exit statuses a start may end with: finished, or stopped by kill."""
+  if kill is None:
+    return {0}
+  if kill.signum == signal.SIGTERM:
+    # 75 once the trainer's handler is installed, -SIGTERM before it.
+    return {0, EXIT_INTERRUPTED, -signal.SIGTERM}
+  return {0, -signal.SIGKILL}
+
+
+def start(args, workdir: str, log_path: str, kill: Kill | None) -> int:
+  """One start of train.py, killed as planned; its exit status."""
+  proc = launch(args, workdir, log_path)
+  if kill is not None and wait_for(proc, kill, workdir, args.timeout):
+    proc.send_signal(kill.signum)
+  status = finish(proc, args.timeout, log_path)
+  if status not in allowed(kill):
+    with open(log_path) as f:
+      tail = f.read()[-3000:]
+    plan = kill or 'no kill'
+    raise SoakFailure(f'A start exited with status {status} ({plan}); '
+                      f'{log_path} ends:\n{tail}')
+  return status
+
+
+def what_it_read(log_path: str) -> str:
+  """The checkpoint a start resumed from, and the torn ones it skipped,
+  as its log says (empty for a fresh start)."""
+  with open(log_path, errors='replace') as f:
+    text = f.read()
+  resumed = re.findall(r'Resumed from step (\d+)', text)
+  skipped = re.findall(r'Skipped checkpoint step (\d+)', text)
+  said = f', resumed from step {resumed[0]}' if resumed else ''
+  if skipped:
+    said += f' (skipped unreadable step {", ".join(skipped)})'
+  return said
+
+
+def final_state(workdir: str, step: int):
+  """(train state, data-iterator state) of workdir's checkpoint at step."""
+  # Imported here: --help and argument errors stay fast.
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax_transformer import checkpoint, data, experiment  # pylint: disable=g-import-not-at-top
+  cfg = checkpoint.load_config(workdir)
+  vocab = data.load_tokenizer(
+      os.path.join(workdir, checkpoint.TOKENIZER_DIR)).vocab_size
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
+      experiment.setup(cfg, vocab).abstract_state(cfg.seed))
+  saver = checkpoint.Checkpointer(workdir, async_save=False)
+  try:
+    if saver.latest_step() != step:
+      raise SoakFailure(f'{workdir} ends at checkpoint step '
+                        f'{saver.latest_step()}, not {step}.')
+    return saver.restore(abstract, step=step)
+  finally:
+    saver.close()
+
+
+def leaf_bytes(x):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  x = np.asarray(x)
+  return str(x.dtype), x.shape, x.tobytes()
+
+
+def compare_states(reference, got, where: str) -> None:
+  """Raises SoakFailure naming the first leaf that differs in any bit."""
+  import jax  # pylint: disable=g-import-not-at-top
+  want = jax.tree_util.tree_flatten_with_path(reference[0])
+  have = jax.tree_util.tree_flatten_with_path(got[0])
+  if [p for p, _ in want[0]] != [p for p, _ in have[0]]:
+    raise SoakFailure(f'{where}: the final state has other leaves.')
+  for (path, a), (_, b) in zip(want[0], have[0]):
+    if leaf_bytes(a) != leaf_bytes(b):
+      raise SoakFailure(f'{where}: {jax.tree_util.keystr(path)} differs '
+                        'from the uninterrupted run.')
+  if reference[1] != got[1]:
+    raise SoakFailure(f'{where}: the data position differs: {got[1]} vs '
+                      f'{reference[1]}.')
+
+
+def logged(workdir: str) -> list[dict]:
+  """Every row of metrics.jsonl, in order, re-logged steps included."""
+  import json  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  try:
+    return [json.loads(line) for line in lines]
+  except json.JSONDecodeError as err:
+    raise SoakFailure(f'{path} has a line that is not JSON: {err}.') from err
+
+
+def compare_metrics(reference: list[dict], got: list[dict],
+                    where: str) -> None:
+  by_step = {row['step']: row for row in reference}
+  for row in got:
+    want = by_step.get(row['step'])
+    if want is None:
+      raise SoakFailure(f'{where}: logged step {row["step"]}, which the '
+                        'uninterrupted run did not.')
+    for key in EXACT_METRICS:
+      if (key in want or key in row) and want.get(key) != row.get(key):
+        raise SoakFailure(f'{where}: {key} at step {row["step"]} is '
+                          f'{row.get(key)}, uninterrupted {want.get(key)}.')
+  if {row['step'] for row in got} != set(by_step):
+    raise SoakFailure(f'{where}: steps logged differ from the '
+                      'uninterrupted run.')
+
+
+def check_round(args, reference: str, workdir: str) -> None:
+  compare_states(final_state(reference, args.num_steps),
+                 final_state(workdir, args.num_steps), workdir)
+  compare_metrics(logged(reference), logged(workdir), workdir)
+
+
+def soak(args) -> dict[str, int]:
+  """Runs the reference and the killed rounds; returns counts of what
+  happened (starts, kills, rounds checked). Raises SoakFailure."""
+  os.makedirs(args.workdir, exist_ok=True)
+  reference = os.path.join(args.workdir, 'reference')
+  start(args, reference, reference + '.log', None)
+  rng = random.Random(args.seed)
+  counts = {'starts': 1, 'killed': 0, 'rounds': 0}
+  workdir, attempt = None, 0
+  for cycle in range(args.cycles + 1):
+    last = cycle == args.cycles
+    if last and workdir is None:
+      break  # every round already finished
+    if workdir is None:
+      workdir = os.path.join(args.workdir, f'round_{counts["rounds"]}')
+      attempt = 0
+    kill = None if last else draw(rng, args.max_start_delay)
+    log_path = f'{workdir}.{attempt}.log'
+    status = start(args, workdir, log_path, kill)
+    counts['starts'] += 1
+    counts['killed'] += status != 0
+    print(f'cycle {cycle}: {os.path.basename(workdir)} start {attempt}, '
+          f'{kill or "no kill"}: exit {status}{what_it_read(log_path)}',
+          flush=True)
+    attempt += 1
+    if status == 0:
+      check_round(args, reference, workdir)
+      counts['rounds'] += 1
+      print(f'  {os.path.basename(workdir)} equals the uninterrupted run '
+            'bit for bit', flush=True)
+      workdir = None
+  return counts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  try:
+    counts = soak(args)
+  except SoakFailure as err:
+    print(f'FAILED: {err}', file=sys.stderr)
+    return 1
+  print(f'OK: {counts["rounds"]} rounds, {counts["starts"]} starts, '
+        f'{counts["killed"]} stopped early; every final state and logged '
+        'loss equals the uninterrupted run.')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
