@@ -74,7 +74,9 @@ class Checkpointer:
   def _saved_params(self, step: int) -> dict[str, Any]:
     """The checkpoint's parameter metadata (names to shape and dtype)."""
     path = self.manager.directory / str(step) / 'params'
-    return ocp.StandardCheckpointer().metadata(path).item_metadata
+    # The handler reads the tree's metadata without looking for a step-level
+    # metadata file (which StandardCheckpointer warns is missing).
+    return ocp.StandardCheckpointHandler().metadata(path)
 
   def check_fits(self, abstract_params: dict[str, Any], step: int) -> None:
     """Raises CheckpointMismatch naming the first parameter whose saved
