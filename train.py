@@ -4,8 +4,10 @@ With no flags it runs the default job (configs/lm_shakespeare.py): a small
 decoder-only LM on the offline Shakespeare corpus. Override any config field
 with --config.a.b=value. Restarting with the same --workdir resumes.
 
-Exit status: 0 finished; 2 a bad flag or a config that cannot run (one
-line on stderr, before any data is prepared or anything compiles); 69
+Exit status: 0 finished; 1 stopped by a non-finite loss or gradient norm
+or a failed checkpoint write (naming the step and the last checkpoint); 2 a
+bad flag or a config that cannot run (one line on stderr, before any data
+is prepared or anything compiles); 69
 another process of a multi-process run was lost; 75 stopped by SIGTERM or
 SIGINT after saving a checkpoint.
 """
