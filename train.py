@@ -41,7 +41,7 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_integer('process_id', None,
                        'This process, 0..num_processes-1.',
                        flag_values=values)
-  # Multi-process bounds, in seconds (see jax_transformer/distributed.py).
+  # Multi-process bounds, in seconds (see jax_transformer/runtime/distributed.py).
   flags.DEFINE_float('init_timeout', 300, 'How long every process may take '
                      'to join a multi-process run.', flag_values=values)
   flags.DEFINE_float('heartbeat_timeout', 60, 'A process silent this long is '
@@ -99,14 +99,16 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
   del argv  # parse_flags refused any argument that is not a flag
   if values.retain_host_memory:
-    from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
+    from jax_transformer.runtime import host_memory  # pylint: disable=g-import-not-at-top
     host_memory.retain_freed_memory()
   if 'verbosity' in values and not values['verbosity'].present:
     # Orbax logs every file it writes at INFO.
     logging.set_verbosity(logging.WARNING)
   # Imported after flag parsing so --help stays fast.
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_transformer import distributed, trainer  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer.runtime import distributed  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import trainer
   if values.compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir',
                       os.path.expanduser(values.compilation_cache_dir))

@@ -10,10 +10,9 @@ bfloat16 weight updates.
 
 from ml_collections import ConfigDict
 
-from configs import gpt2_small
-from configs.lm_350m import scale_up
+from jax_transformer.train.recipes import gpt2_recipe, scale_up
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
-  return scale_up(gpt2_small.get_config(preset), d_model=2048, num_heads=16,
+  return scale_up(gpt2_recipe(preset), d_model=2048, num_heads=16,
                   num_decoder_layers=24, d_ff=8192)

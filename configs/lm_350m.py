@@ -11,18 +11,9 @@ outputs, a chunked loss, and FSDP over all devices. 337M parameters at a
 
 from ml_collections import ConfigDict
 
-from configs import gpt2_small
-
-
-def scale_up(c: ConfigDict, **model) -> ConfigDict:
-  """gpt2_small's recipe at another size, with the options that make a
-  large model fit and compile (see the README's "Scaling up")."""
-  c.model.update(**model, scan_layers=True, remat='dots', dropout_rate=0.0)
-  c.loss_chunk_size = 8192
-  c.mesh.update(data=1, fsdp=-1, tensor=1)
-  return c
+from jax_transformer.train.recipes import gpt2_recipe, scale_up
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
-  return scale_up(gpt2_small.get_config(preset), d_model=1024, num_heads=16,
+  return scale_up(gpt2_recipe(preset), d_model=1024, num_heads=16,
                   num_decoder_layers=24, d_ff=4096)

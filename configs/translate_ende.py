@@ -10,7 +10,7 @@ README); tiny: a seconds-long smoke run.
 
 from ml_collections import ConfigDict
 
-from configs.common import base_config, paper_model, paper_translation
+from jax_transformer.train.recipes import base_config, paper_model, paper_translation
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
@@ -32,7 +32,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
   c.sample.max_new_tokens = 40
   if preset == 'tiny':
     c.model = paper_model(d_model=32, num_heads=2, num_encoder_layers=1,
-                          num_decoder_layers=1, d_ff=64, max_len=64)
+                          num_decoder_layers=1, d_ff=64,
+                          attention_dropout_rate=0.0, max_len=64)
     c.data.vocab_size = 1000
     c.seq_len = c.data.src_len = 24
     c.batch_size = c.eval_batch_size = 8

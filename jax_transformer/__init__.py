@@ -9,14 +9,15 @@ once.
 import importlib
 
 _HOMES = {
-    'KVCache': 'attention',
-    'PRESETS': 'config', 'ModelConfig': 'config', 'gpt2_small': 'config',
-    'transformer_base': 'config', 'transformer_big': 'config',
-    'DecoderLM': 'models', 'EncoderDecoder': 'models',
-    'count_params': 'models',
+    'KVCache': 'model.attention',
+    'PRESETS': 'model.config', 'ModelConfig': 'model.config',
+    'gpt2_small': 'model.config', 'transformer_base': 'model.config',
+    'transformer_big': 'model.config',
+    'DecoderLM': 'model.models', 'EncoderDecoder': 'model.models',
+    'count_params': 'model.models',
     'BeamResult': 'decoding', 'Generation': 'decoding',
     'beam_search': 'decoding', 'generate': 'decoding',
-    'Sampler': 'sampling', 'greedy': 'sampling',
+    'Sampler': 'decoding.sampling', 'greedy': 'decoding.sampling',
 }
 
 __all__ = sorted(_HOMES)

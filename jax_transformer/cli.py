@@ -8,7 +8,8 @@ checks) prints ``PROG: error: SENTENCE`` and returns :data:`EXIT_USAGE`.
 Any other exception keeps its traceback: it is a bug, or a failure of the
 machine, that one sentence would hide.
 
-:func:`parse_config_flags` reads ``--config configs/NAME.py[:preset]`` and
+:func:`parse_config_flags` reads ``--config NAME[:preset]`` (a file of the
+``configs/`` beside train.py) or ``--config PATH.py[:preset]``, and
 ``--config.a.b=value`` overrides with ``ml_collections.config_flags``, after
 checking what it would otherwise report as a traceback: a missing file, an
 unknown preset, a misspelt field, a value of the wrong type.
@@ -27,6 +28,8 @@ import sys
 from typing import Any, Callable, Sequence
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from jax_transformer.errors import UsageError
 
@@ -98,23 +101,57 @@ def split_config_spec(argv: Sequence[str]
   return spec, rest
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-  """``get_config(preset)`` of the file ``configs/NAME.py[:preset]``.
+# Where `--config NAME` looks: the configs/ folder beside train.py (and this
+# package), whatever the working directory.
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'configs')
 
+
+def config_names() -> list[str]:
+  """The names ``--config NAME`` accepts: the files of CONFIGS_DIR."""
+  if not os.path.isdir(CONFIGS_DIR):
+    return []
+  return sorted(name[:-3] for name in os.listdir(CONFIGS_DIR)
+                if name.endswith('.py') and not name.startswith('_'))
+
+
+def config_path(name_or_path: str) -> str:
+  """The file of ``--config NAME`` (a file of configs/) or of a path.
+
+  A value with a '/' or ending in '.py' is a path (relative to the working
+  directory); anything else is a name. Raises UsageError when neither
+  names a file.
+  """
+  if os.sep in name_or_path or '/' in name_or_path or name_or_path.endswith(
+      '.py'):
+    if not os.path.isfile(name_or_path):
+      raise UsageError(f'--config {name_or_path}: the file does not exist; '
+                       'give a config name such as lm_shakespeare or a file '
+                       'such as configs/lm_shakespeare.py.')
+    return name_or_path
+  path = os.path.join(CONFIGS_DIR, f'{name_or_path}.py')
+  if not os.path.isfile(path):
+    near = difflib.get_close_matches(name_or_path, config_names(), n=1)
+    hint = (f'did you mean {near[0]}?' if near else
+            f'the names are {", ".join(config_names()) or "(none)"}.')
+    raise UsageError(f'--config {name_or_path}: there is no config of that '
+                     f'name in {CONFIGS_DIR}; {hint}')
+  return path
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """``get_config(preset)`` of ``NAME[:preset]`` or ``PATH.py[:preset]``.
+
+  NAME is a file of the configs/ folder beside train.py; a config file
+  imports only from ``jax_transformer``, so nothing is put on sys.path.
   Raises UsageError when the file is missing, has no get_config, or does
   not take (or rejects) the preset.
   """
-  path, _, preset = spec.partition(':')
-  if not path:
-    raise UsageError('--config is empty; give a config file such as '
-                     'configs/lm_shakespeare.py[:preset].')
-  if not os.path.isfile(path):
-    raise UsageError(f'--config {spec}: the file {path} does not exist; '
-                     'give a config file such as configs/lm_shakespeare.py.')
-  # configs/NAME.py imports configs.common: its checkout must be importable.
-  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
+  name, _, preset = spec.partition(':')
+  if not name:
+    raise UsageError('--config is empty; give a config such as '
+                     'lm_shakespeare[:preset] or configs/lm_shakespeare.py.')
+  path = config_path(name)
   module_spec = importlib.util.spec_from_file_location(
       f'config_{os.path.splitext(os.path.basename(path))[0]}', path)
   module = importlib.util.module_from_spec(module_spec)
@@ -174,7 +211,7 @@ def parse_config_flags(argv: Sequence[str], default: str | None = None,
                        ) -> tuple[ml_collections.ConfigDict, str, list[str]]:
   """(config, its spec, the arguments no flag took) from a command line.
 
-  argv: the program name, then flags: ``--config configs/NAME.py[:preset]``
+  argv: the program name, then flags: ``--config NAME[:preset]``
     (else ``default``), ``--config.a.b=value`` overrides, and any flag
     defined on ``flag_values``.
   flag_values: the absl FlagValues to parse into (default: a fresh one).
@@ -184,8 +221,6 @@ def parse_config_flags(argv: Sequence[str], default: str | None = None,
   Raises UsageError, before the config is used, for anything on the
   command line that is wrong.
   """
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   values = flags.FlagValues() if flag_values is None else flag_values
   try:  # --flagfile=FILE: its flags are read as if on the command line
     argv = values.read_flags_from_files(list(argv), force_gnu=False)
@@ -194,8 +229,8 @@ def parse_config_flags(argv: Sequence[str], default: str | None = None,
   spec, argv = split_config_spec(argv)
   spec = default if spec is None else spec
   if spec is None:
-    raise UsageError('--config is required; give a config file such as '
-                     'configs/lm_shakespeare.py[:preset].')
+    raise UsageError('--config is required; give a config such as '
+                     'lm_shakespeare[:preset] or configs/lm_shakespeare.py.')
   cfg = load_config(spec)
   check_overrides(cfg, spec, argv)
   try:

@@ -29,17 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
-from jax_transformer import cli  # noqa: E402
-from jax_transformer.errors import UsageError  # noqa: E402
+from jax_transformer import cli
+from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline')
 
@@ -117,7 +110,7 @@ def table(rows: list[dict]) -> str:
 @cli.entry_point('benchmark.py')
 def main(argv=None) -> int:
   args = parse_args(argv)
-  from jax_transformer import host_memory  # pylint: disable=g-import-not-at-top
+  from jax_transformer.runtime import host_memory  # pylint: disable=g-import-not-at-top
   host_memory.retain_freed_memory()  # as train.py does
   rows = run_suite(args)
   for row in rows:

@@ -23,21 +23,14 @@ table goes to stderr.
 
 from __future__ import annotations
 
-import os
 import sys
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
+import jax
 
-import jax  # noqa: E402
-
-from jax_transformer import cli  # noqa: E402
-from jax_transformer.bench import decode  # noqa: E402
-from jax_transformer.bench.rows import stream  # noqa: E402
-from jax_transformer.errors import UsageError  # noqa: E402
+from jax_transformer import cli
+from jax_transformer.bench import decode
+from jax_transformer.bench.rows import stream
+from jax_transformer.errors import UsageError
 
 OPTIONS = {'jax': {}, 'jax_bf16': {'dtype': 'bfloat16'},
            'jax_int8': {'weights': 'int8'}}

@@ -5,7 +5,7 @@
 
 On a mesh of 8 CPU devices (FSDP 4 x tensor 2), the train steps of
 ``configs/lm_350m.py`` and ``configs/lm_1_3b.py`` are lowered and compiled
-ahead of time from abstract state (``jax_transformer/aot.py``); nothing is
+ahead of time from abstract state (``jax_transformer/train/aot.py``); nothing is
 allocated or run. Suites:
 
 * ``size``: per-device memory (the pre-flight estimate and XLA's figure)
@@ -32,14 +32,11 @@ if 'xla_force_host_platform_device_count' not in os.environ.get(
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_force_host_platform_device_count=8')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # configs/ lives beside the package
+from jax_transformer import cli
+from jax_transformer.bench.rows import stream
+from jax_transformer.train import aot, memory
 
-from configs import lm_1_3b, lm_350m  # noqa: E402
-from jax_transformer import aot, cli, memory  # noqa: E402
-from jax_transformer.bench.rows import stream  # noqa: E402
-
-MODELS = {'350m': lm_350m, '1.3b': lm_1_3b}
+MODELS = {'350m': 'lm_350m', '1.3b': 'lm_1_3b'}
 VOCAB = 32768
 
 
@@ -60,7 +57,7 @@ def parse_args(argv):
 
 
 def config(name: str, args, **model):
-  cfg = MODELS[name].get_config()
+  cfg = cli.load_config(MODELS[name])
   data, fsdp, tensor = (int(x) for x in args.mesh.split(','))
   cfg.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
   cfg.batch_size = args.batch_size

@@ -29,12 +29,6 @@ import sys
 import time
 from typing import Sequence
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
@@ -93,7 +87,7 @@ def _write_lines(directory: str, name: str, lines: Sequence[str]) -> None:
 
 
 def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
-  from jax_transformer import evaluation  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
   sources, refs = evaluation.split_texts(wd.config, split, args.max_examples)
   start = time.perf_counter()
   hyps = evaluation.translate(
@@ -107,7 +101,8 @@ def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
 
 def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_transformer import evaluation, steps  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer.train import evaluation, steps  # pylint: disable=g-import-not-at-top
   cfg = wd.config
   cfg.unlock()
   cfg.eval_batch_size = args.batch_size
@@ -120,10 +115,11 @@ def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
-  from jax_transformer import evaluation, sharding, trained  # pylint: disable=g-import-not-at-top
+  from jax_transformer.model import sharding
+  from jax_transformer.train import evaluation, restore  # pylint: disable=g-import-not-at-top
   check_args(args)
-  wd = trained.open_workdir(args.workdir)
-  chosen = trained.choose_steps(wd, args.step, args.average_last)
+  wd = restore.open_workdir(args.workdir)
+  chosen = restore.choose_steps(wd, args.step, args.average_last)
   cfg = wd.config
   split = args.split or cfg.data.eval_split
   evaluation.check_split(cfg, split)
@@ -131,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     args.batch_size = cfg.eval_batch_size
   mesh = sharding.make_mesh(cfg.mesh)
   sharding.check_batch(args.batch_size, mesh)
-  params = trained.restore_params(wd, chosen, mesh)
+  params = restore.restore_params(wd, chosen, mesh)
   translation = cfg.model_kind == 'encoder_decoder'
   try:
     metrics, files = (evaluate_translation if translation else evaluate_lm)(

@@ -10,7 +10,7 @@
 Formats:
 
   torch        OUT: a state_dict (torch.save) for the reference
-               encoder-decoder (jax_transformer/torch_reference.py) or for
+               encoder-decoder (jax_transformer/interop/torch_reference.py) or for
                transformers' GPT2LMHeadModel (a GPT-2-shaped decoder LM:
                learned positions, pre-norm LayerNorm, biases, MHA, no
                SwiGLU); OUT's stem + .json: the config; + .tokenizer/: the
@@ -18,7 +18,7 @@ Formats:
 
                  import json, torch
                  meta = json.load(open('ende.json'))
-                 from jax_transformer.torch_reference import TorchTransformer
+                 from jax_transformer.interop.torch_reference import TorchTransformer
                  model = TorchTransformer(**meta['torch_config'])
                  # a GPT-2-shaped LM instead:
                  # from transformers import GPT2Config, GPT2LMHeadModel
@@ -32,7 +32,7 @@ Formats:
                transformers form (bytes and imported Hugging Face tokenizers;
                not SentencePiece). Decoder-only GPT-2-shaped models only.
   safetensors  OUT: every parameter under its dotted name (as
-               jax_transformer.params.split names it), the model kind,
+               jax_transformer.model.params.split names it), the model kind,
                config and step in the file's metadata; OUT's stem +
                .tokenizer/: the tokenizer.
 
@@ -51,18 +51,12 @@ one sentence on stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
 from jax_transformer import cli
-from jax_transformer import export as export_lib
+from jax_transformer.interop import exporter as export_lib
+from jax_transformer.train import restore
 
 PROG = 'export.py'
 VERIFY_FAILED = 1
@@ -91,7 +85,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  trained = export_lib.load_workdir(args.workdir, args.step)
+  trained = restore.load_model(args.workdir, args.step)
   for note in export_lib.write(trained, args.format, args.out):
     print(note)
   print(f'Wrote {args.out} ({args.format}) from step {trained.step} of '

@@ -17,7 +17,7 @@ Greedy by default; ``--beam_size > 1`` runs beam search,
 ``--temperature/--top_k/--top_p`` sample. ``--dtype bfloat16`` decodes in
 bfloat16 (parameters cast once, bfloat16 KV cache, float32 logits);
 ``--int8`` holds the matmul kernels as int8 with per-channel scales
-(``jax_transformer.quantize``).
+(``jax_transformer.decoding.quantize``).
 
 ``--input_file`` (``-``: stdin) holds one text per line; line i of the
 output (``--output_file``, default stdout) answers line i of the input. The
@@ -38,18 +38,13 @@ import os
 import sys
 from typing import Callable, Sequence
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
 import jax
 
-from jax_transformer import cli, data, inference, quantize
+from jax_transformer import cli, data
+from jax_transformer.decoding import inference, quantize
+from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
-from jax_transformer.models import EncoderDecoder
-from jax_transformer.sampling import Sampler, greedy
+from jax_transformer.model.models import EncoderDecoder
 
 PROG = 'generate.py'
 
@@ -213,8 +208,8 @@ def translate_file(model, tokenizer, lines: Sequence[str],
 
 def _load(workdir: str):
   """(model, tokenizer, stream): stream if an LM saw raw token windows."""
-  from jax_transformer import trained  # pylint: disable=g-import-not-at-top
-  opened, params, _ = trained.load(workdir)
+  from jax_transformer.train import restore  # pylint: disable=g-import-not-at-top
+  opened, params, _ = restore.load(workdir)
   model = opened.model(params)
   stream = (not isinstance(model, EncoderDecoder)
             and data.get_spec(opened.config.data.name).lm_mode == 'stream')

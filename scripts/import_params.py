@@ -37,18 +37,12 @@ that does not fit the config) is one sentence on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
-from jax_transformer import cli, import_params
+from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.interop import importer
 
 PROG = 'import_params.py'
 
@@ -86,7 +80,7 @@ def load_config(spec: str, overrides: Sequence[str]):
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   cfg = load_config(args.config, args.overrides)
-  done = import_params.import_into(args.source, cfg, args.workdir)
+  done = importer.import_into(args.source, cfg, args.workdir)
   mc = done.model_config
   print(f'Imported {args.source} into {args.workdir} at step {done.step} '
         f'({cfg.model_kind}, d_model {mc.d_model}, '

@@ -18,14 +18,9 @@ import os
 import sys
 from typing import NamedTuple, Sequence
 
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
-
-from jax_transformer import cli, metrics
+from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.train import metrics
 
 PROG = 'plot_metrics.py'
 # (panel title, [(metric key, line style, legend name)]); the first key of

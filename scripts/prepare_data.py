@@ -13,17 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-try:
-  import jax_transformer  # noqa: F401  pylint: disable=unused-import
-except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-
-from jax_transformer import cli  # pylint: disable=g-import-not-at-top
-from jax_transformer.data import datasets  # pylint: disable=g-import-not-at-top
+from jax_transformer import cli
+from jax_transformer.data import datasets
 
 
 def parse_args(argv=None) -> argparse.Namespace:

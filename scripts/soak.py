@@ -31,10 +31,6 @@ import time
 from typing import NamedTuple, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-try:
-  import jax_transformer  # noqa: F401
-except ImportError:  # Run from a checkout without installing the package.
-  sys.path.insert(0, ROOT)
 
 # train.py's status after SIGTERM: saved, not finished (trainer.py).
 EXIT_INTERRUPTED = 75
@@ -237,10 +233,13 @@ def final_state(workdir: str, step: int):
   """(train state, data-iterator state) of workdir's checkpoint at step."""
   # Imported here: --help and argument errors stay fast.
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_transformer import checkpoint, data, experiment  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer import data  # pylint: disable=g-import-not-at-top
+  from jax_transformer.runtime import workdir as workdir_lib
+  from jax_transformer.train import checkpoint, experiment
   cfg = checkpoint.load_config(workdir)
   vocab = data.load_tokenizer(
-      os.path.join(workdir, checkpoint.TOKENIZER_DIR)).vocab_size
+      os.path.join(workdir, workdir_lib.TOKENIZER_DIR)).vocab_size
   one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),

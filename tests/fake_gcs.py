@@ -18,7 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils
 
-from jax_transformer import storage
+from jax_transformer.runtime import storage
 
 
 def install(monkeypatch, root: str) -> None:

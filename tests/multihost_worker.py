@@ -12,7 +12,7 @@ import sys
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jax_transformer import distributed
+from jax_transformer.runtime import distributed
 
 
 def main(address, process_id, heartbeat, checkpoint_dir):

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import lm_shakespeare
-from jax_transformer import checkpoint, experiment, optim, sharding, steps
-from jax_transformer import trainer
+from jax_transformer.cli import load_config
+from jax_transformer.model import sharding
+from jax_transformer.train import checkpoint, experiment, optim, steps, trainer
 
 VOCAB = 64
 T = 16
@@ -33,7 +33,7 @@ def tiny_cfg(accum, optimizer):
   """A one-layer LM without dropout (micro-steps and the one big step fold
   different dropout keys); eps large enough that Adam's step depends on the
   gradient's size, and a clip norm that every step reaches."""
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.model.dropout_rate = 0.0
   cfg.optim.update(optimizer=optimizer, schedule='constant',
                    learning_rate=1e-2, warmup_steps=0, eps=1e-4,

@@ -1,21 +1,19 @@
 """Activations are laid out by the logical-axis rules on the 8-device mesh."""
 
-import os
-import sys
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from configs import lm_shakespeare  # noqa: E402
-from jax_transformer import experiment, sharding, steps, trainer  # noqa: E402
+from jax_transformer.cli import load_config
+from jax_transformer.model import sharding
+from jax_transformer.train import experiment, steps, trainer
 
 VOCAB, B, T, D, F = 64, 8, 16, 32, 96
 
 
 def _setup(mesh_sizes, **model):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.model.update(d_model=D, num_heads=4, num_kv_heads=2, d_ff=F,
                    dropout_rate=0.0, **model)
   cfg.mesh.update(mesh_sizes)

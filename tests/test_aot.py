@@ -1,18 +1,15 @@
 """Train steps compiled ahead of time from abstract state on the 8-device
 mesh (what scripts/compile_at_size.py does at 350M and 1.3B)."""
 
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from configs import lm_350m  # noqa: E402
-from jax_transformer import aot, memory  # noqa: E402
+from jax_transformer.cli import load_config
+from jax_transformer.train import aot, memory
 
 
 def small(layers, scan, remat='dots'):
-  cfg = lm_350m.get_config()
+  cfg = load_config('lm_350m')
   cfg.model.update(d_model=64, num_heads=4, d_ff=128, max_len=64,
                    num_decoder_layers=layers, scan_layers=scan, remat=remat)
   cfg.update(seq_len=64, batch_size=8, loss_chunk_size=128)

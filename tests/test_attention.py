@@ -7,11 +7,11 @@ import pytest
 import torch
 from flax import nnx
 from torch.nn import functional as F
+from torch_helpers import load_module, n, randomize, t
 
 import jax_transformer as jt
-from jax_transformer import attention as attn
-from jax_transformer import torch_compat as tc
-from torch_helpers import load_module, n, randomize, t
+from jax_transformer.interop import torch_compat as tc
+from jax_transformer.model import attention as attn
 
 CONFIG = jt.ModelConfig(vocab_size=50, d_model=16, num_heads=4, d_ff=32)
 

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_decoding import TINY, exhaustive, forward, hypothesis
 
 import jax_transformer as jt
 from jax_transformer.decoding import beam, beam_search, length_penalty
-from test_decoding import TINY, exhaustive, forward, hypothesis
 
 A, B, EOS = 0, 1, 2
 # Markov chains: next-token probabilities of (a, b, EOS) by the previous

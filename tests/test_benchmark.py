@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from jax_transformer.bench import nanogpt, pipeline, step
-from jax_transformer.config import gpt2_small, transformer_base
-
+from jax_transformer.model.config import gpt2_small, transformer_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,7 +92,7 @@ def test_gpu_suite_scaling_options_run_on_any_backend(monkeypatch):
   """The scaled items' options (auto attention, lengths, chunked loss,
   scan, remat) measure on a tiny model; every item names known fields."""
   from jax_transformer.bench import gpu
-  from jax_transformer.config import ModelConfig
+  from jax_transformer.model.config import ModelConfig
   for item in gpu.ITEMS.values():
     ModelConfig(**item['fields'])  # a misspelt option fails here
   tiny = dict(vocab_size=64, d_model=32, num_heads=2, num_decoder_layers=2,

@@ -12,7 +12,7 @@ import jax_transformer as jt
 from jax_transformer.decoding.beam import beam_search_jit
 from jax_transformer.decoding.inputs import prepare
 from jax_transformer.decoding.loop import generate_jit
-from jax_transformer.sampling import greedy
+from jax_transformer.decoding.sampling import greedy
 
 LM = jt.ModelConfig(vocab_size=23, d_model=16, num_heads=2, d_ff=32,
                     num_encoder_layers=0, num_decoder_layers=1,

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
+import script_helpers
 from absl import flags
 
-import script_helpers
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 

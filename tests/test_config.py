@@ -2,7 +2,7 @@ import pytest
 from flax import nnx
 
 import jax_transformer as jt
-from jax_transformer.blocks import EncoderLayer
+from jax_transformer.model.blocks import EncoderLayer
 
 
 @pytest.mark.parametrize('changes, words', [

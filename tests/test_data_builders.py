@@ -195,6 +195,5 @@ def test_real_ding(real_data_dir):
 
 
 def test_builders_registered_by_name():
-  datasets.register_builders()
   assert tfds.builder_cls('shakespeare') is shakespeare.Shakespeare
   assert tfds.builder_cls('ding_en_de') is ding.DingEnDe

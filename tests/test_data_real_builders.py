@@ -22,7 +22,7 @@ import tree
 from etils import epath
 
 from jax_transformer import data
-from jax_transformer.data import datasets, downloads, lm1b, wmt
+from jax_transformer.data import builders, datasets, downloads, lm1b, wmt
 from jax_transformer.data import testing as data_testing
 from jax_transformer.data.tokenizers import ByteTokenizer
 
@@ -274,14 +274,13 @@ def test_wmt_prepared_from_fake_archives(tmp_path, fake_downloads, name):
 
 
 def test_names_build_with_tf_free_builders(tmp_path):
-  datasets.register_builders()
   kwargs = {'data_dir': str(tmp_path), 'file_format': 'array_record'}
-  b = downloads.builder('wmt14_translate/de-en:1.0.0', **kwargs)
+  b = builders.builder('wmt14_translate/de-en:1.0.0', **kwargs)
   assert type(b) is wmt.Wmt14Translate and b.builder_config.name == 'de-en'
-  assert type(downloads.builder('wmt_t2t_translate/de-en', **kwargs)) is (
+  assert type(builders.builder('wmt_t2t_translate/de-en', **kwargs)) is (
       wmt.WmtT2tTranslate)
-  assert type(downloads.builder('lm1b', **kwargs)) is lm1b.Lm1b
-  assert not isinstance(downloads.builder('tiny_shakespeare', **kwargs),
+  assert type(builders.builder('lm1b', **kwargs)) is lm1b.Lm1b
+  assert not isinstance(builders.builder('tiny_shakespeare', **kwargs),
                         downloads.TfFreeBuilder)
   # Real downloads are still checked against TFDS's recorded checksums.
   assert LM1B_URL in lm1b.Lm1b.url_infos

@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 
 from jax_transformer import data
 from jax_transformer.data import datasets
-from jax_transformer.data.tokenizers import ByteTokenizer, EOS_ID
+from jax_transformer.data.tokenizers import EOS_ID, ByteTokenizer
 
 TRANSLATION = ['wmt14_translate/de-en', 'wmt_t2t_translate/de-en']
 LM = ['lm1b', 'tiny_shakespeare']

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import script_helpers
 import torch
 from flax import nnx
 from jax.sharding import NamedSharding
@@ -20,11 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 import jax_transformer as jt
 from jax_transformer import decoding
-from jax_transformer import torch_compat as tc
 from jax_transformer.decoding import beam_search, generate, length_penalty
-from jax_transformer.sampling import Sampler, greedy
-from jax_transformer.torch_reference import TorchTransformer
-import script_helpers
+from jax_transformer.decoding.sampling import Sampler, greedy
+from jax_transformer.interop import torch_compat as tc
+from jax_transformer.interop.torch_reference import TorchTransformer
 
 V = 29
 N = 6

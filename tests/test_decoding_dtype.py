@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import script_helpers
 from flax import nnx
+from test_decoding import LetterTokenizer  # a..z as ids 3..28
 
 import jax_transformer as jt
-from jax_transformer import decoding, quantize
-import script_helpers
-from test_decoding import LetterTokenizer  # a..z as ids 3..28
+from jax_transformer import decoding
+from jax_transformer.decoding import quantize
 
 V = 16
 CONFIG = jt.ModelConfig(vocab_size=V, d_model=32, num_heads=2, num_kv_heads=1,

@@ -11,8 +11,9 @@ import ml_collections
 import pytest
 from jax._src import distributed as jax_distributed
 
-from jax_transformer import distributed, liveness, trainer
-from jax_transformer.distributed import Timeouts
+from jax_transformer.runtime import distributed, liveness
+from jax_transformer.runtime.distributed import Timeouts
+from jax_transformer.train import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and jax_transformer.evaluation: BLEU as sacrebleu
+"""scripts/evaluate.py and jax_transformer.train.evaluation: BLEU as sacrebleu
 scores the written files, LM loss as an independent computation, checkpoint
 averaging, batched translation equal to one-by-one decoding, bad input."""
 
@@ -8,21 +8,20 @@ import json
 import math
 import os
 import shutil
-import sys
 
+import evaluate as evaluate_script
 import jax
 import numpy as np
 import pytest
 import sacrebleu
 
+from jax_transformer import data, decoding
+from jax_transformer.cli import load_config
+from jax_transformer.data import testing as data_testing
+from jax_transformer.model import sharding
+from jax_transformer.train import evaluation, restore, trainer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'scripts'))
-from configs import lm_shakespeare, translate_ende  # noqa: E402
-import evaluate as evaluate_script  # noqa: E402
-from jax_transformer import (data, decoding, evaluation, sharding,  # noqa: E402
-                             trained, trainer)
-from jax_transformer.data import testing as data_testing  # noqa: E402
 
 PLAYS = ('macbeth',)
 
@@ -43,7 +42,7 @@ def _train(cfg, workdir):
 
 @pytest.fixture(scope='module')
 def ende_workdir(data_dir, tmp_path_factory):
-  cfg = translate_ende.get_config('tiny')
+  cfg = load_config('translate_ende:tiny')
   cfg.data.update(data_dir=data_dir, vocab_size=500, spm_model_type='bpe')
   cfg.eval_bleu_examples = 4
   return _train(cfg, str(tmp_path_factory.mktemp('ende')))
@@ -51,7 +50,7 @@ def ende_workdir(data_dir, tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def lm_workdir(data_dir, tmp_path_factory):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = data_dir
   cfg.num_steps = 4
   cfg.eval_every = cfg.log_every = 2
@@ -84,7 +83,7 @@ def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
   def half_right(model, tokenizer, sources, **kwargs):
     # Half the outputs are the references, so the score is far from 0.
     hyps = translate(model, tokenizer, sources, **kwargs)
-    _, refs = evaluation.split_texts(trained.open_workdir(
+    _, refs = evaluation.split_texts(restore.open_workdir(
         ende_workdir).config, 'validation', len(sources))
     return [r if i % 2 else h for i, (h, r) in enumerate(zip(hyps, refs))]
 
@@ -115,10 +114,10 @@ def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
 
 
 def test_batched_translation_equals_one_by_one(ende_workdir):
-  wd = trained.open_workdir(ende_workdir)
+  wd = restore.open_workdir(ende_workdir)
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:2])
-  model = wd.model(trained.restore_params(wd, [wd.steps[-1]], mesh))
+  model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
   sources, _ = evaluation.split_texts(wd.config, 'validation', 10)
   batched = evaluation.translate(model, wd.tokenizer, sources, batch_size=4,
                                  mesh=mesh)
@@ -136,10 +135,10 @@ def test_lm_perplexity_equals_independent_mean_token_loss(lm_workdir):
   assert code == 0, err
   metrics = json.loads(out)['metrics']
   # Independently: the model's log-softmax on every validation window.
-  wd = trained.open_workdir(lm_workdir)
+  wd = restore.open_workdir(lm_workdir)
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:1])
-  model = wd.model(trained.restore_params(wd, [wd.steps[-1]], mesh))
+  model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
   tokens = data.pipeline.stream_tokens(
       data.load_source('shakespeare', 'validation', wd.config.data.data_dir),
       data.get_spec('shakespeare'), wd.tokenizer)
@@ -172,18 +171,18 @@ def test_averaging_identical_checkpoints_gives_the_same_parameters(
   for step in (last + 1, last + 2):
     shutil.copytree(os.path.join(ckpt, str(last)), os.path.join(ckpt,
                                                                 str(step)))
-  wd = trained.open_workdir(copy)
+  wd = restore.open_workdir(copy)
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:1])
-  one = trained.restore_params(wd, [last], mesh)
-  assert trained.choose_steps(wd, average_last=3) == [last, last + 1,
+  one = restore.restore_params(wd, [last], mesh)
+  assert restore.choose_steps(wd, average_last=3) == [last, last + 1,
                                                       last + 2]
-  mean = trained.restore_params(wd, [last, last + 1, last + 2], mesh)
+  mean = restore.restore_params(wd, [last, last + 1, last + 2], mesh)
   for k, v in one.items():
     np.testing.assert_array_equal(np.asarray(mean[k]), np.asarray(v), k)
   # Two different checkpoints average to their elementwise mean.
-  first = trained.restore_params(wd, [1], mesh)
-  both = trained.restore_params(wd, [1, last], mesh)
+  first = restore.restore_params(wd, [1], mesh)
+  both = restore.restore_params(wd, [1, last], mesh)
   for k, v in both.items():
     np.testing.assert_allclose(
         np.asarray(v), (np.asarray(first[k], np.float64)

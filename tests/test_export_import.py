@@ -17,15 +17,17 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-from jax_transformer import checkpoint, data, experiment, trained, trainer
-from jax_transformer import export as export_lib
-from jax_transformer import import_params
-from jax_transformer import params as params_lib
-from jax_transformer.data import testing as data_testing
-from jax_transformer.models import DecoderLM
-from jax_transformer.torch_reference import TorchTransformer
 from torch_helpers import randomize
+
+from jax_transformer import data
+from jax_transformer.data import testing as data_testing
+from jax_transformer.errors import UsageError
+from jax_transformer.interop import exporter as export_lib
+from jax_transformer.interop import importer
+from jax_transformer.interop.torch_reference import TorchTransformer
+from jax_transformer.model import params as params_lib
+from jax_transformer.model.models import DecoderLM
+from jax_transformer.train import checkpoint, experiment, restore, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENDE = os.path.join(ROOT, 'configs/translate_ende.py:tiny')
@@ -100,7 +102,7 @@ def ende_file(tmp_path_factory):
 @pytest.fixture(scope='module')
 def ende_workdir(tmp_path_factory, ende_file):
   workdir = str(tmp_path_factory.mktemp('work') / 'ende')
-  done = import_params.import_into(ende_file, IMPORT.load_config(ENDE, []),
+  done = importer.import_into(ende_file, IMPORT.load_config(ENDE, []),
                                    workdir)
   assert done.extra_flags == ['--config.model.vocab_size=260']
   return workdir
@@ -169,7 +171,7 @@ def test_encoder_decoder_export_loads_in_pytorch_with_equal_logits(
   ref = TorchTransformer(**meta['torch_config'])
   ref.load_state_dict(torch.load(out, weights_only=True), strict=True)
   ref.eval()
-  model, _ = checkpoint.load_for_inference(ende_workdir)
+  model, _ = restore.load_for_inference(ende_workdir)
   rng = np.random.RandomState(0)
   src, tgt = rng.randint(4, 260, (2, 9)), rng.randint(4, 260, (2, 7))
   src_mask, tgt_mask = np.ones_like(src, bool), np.ones_like(tgt, bool)
@@ -208,7 +210,7 @@ def test_safetensors_round_trip_is_bit_identical(capsys, tmp_path,
   second = str(tmp_path / 'b.safetensors')
   stdout = export(capsys, ende_workdir, 'safetensors', first, '--verify')
   assert 'difference on' in stdout and ': 0.' in stdout
-  model, _ = checkpoint.load_for_inference(ende_workdir)
+  model, _ = restore.load_for_inference(ende_workdir)
   flat = load_file(first)
   assert flat.keys() == params_lib.split(model)[1].keys()
   assert 'encoder_layers.0.self_attn.query' in flat
@@ -306,7 +308,7 @@ def test_gpt2_exports_hf_and_torch_bit_identical_and_verified(
   with torch.no_grad():
     np.testing.assert_array_equal(module.eval()(ids).logits,
                                   hf_model(gpt2_dir)(ids).logits)
-  model, _ = checkpoint.load_for_inference(gpt2_workdir)
+  model, _ = restore.load_for_inference(gpt2_workdir)
   got = export_lib.logits_fn(model)({'ids': ids.numpy(),
                                      'mask': np.ones(ids.shape, bool)})
   np.testing.assert_allclose(got, hf_model(gpt2_dir)(ids).logits.detach(),
@@ -325,9 +327,9 @@ def test_fine_tune_resumes_from_the_imported_step(capsys, tmp_path,
   capsys.readouterr()
   trainer.train_and_evaluate(cfg, workdir)
   assert 'Resumed from step 0' in capsys.readouterr().out
-  assert trained.open_workdir(workdir).steps == (0, 2)
-  before, _ = checkpoint.load_for_inference(workdir, 0)
-  after, _ = checkpoint.load_for_inference(workdir, 2)
+  assert restore.open_workdir(workdir).steps == (0, 2)
+  before, _ = restore.load_for_inference(workdir, 0)
+  after, _ = restore.load_for_inference(workdir, 2)
   assert not np.array_equal(before.embed.embedding[...],
                             after.embed.embedding[...])
 
@@ -354,9 +356,9 @@ def test_layouts_that_cannot_hold_the_model_name_every_field():
   cfg = IMPORT.load_config(os.path.join(ROOT, 'configs/lm_shakespeare.py:tiny'),
                            ['--config.model.vocab_size=64'])
   model = nnx.eval_shape(lambda: DecoderLM(experiment.model_config(cfg, 64)))
-  trained = export_lib.Trained(model, data.ByteTokenizer(), cfg, 0)
+  trained = restore.Trained(model, data.ByteTokenizer(), cfg, 0)
   for fmt in ('hf', 'torch'):
-    with pytest.raises(export_lib.InputError) as err:
+    with pytest.raises(UsageError) as err:
       export_lib.check_fits(trained, fmt)
     message = str(err.value)
     assert message.count('.') == 1 + message.count('.0')  # one sentence

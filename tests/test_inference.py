@@ -1,4 +1,4 @@
-"""jax_transformer.inference: texts laid out, batched, decoded, put back.
+"""jax_transformer.decoding.inference: texts laid out, batched, decoded, put back.
 
 The CLI over it (scripts/generate.py --input_file) is tested in
 test_decoding.py, batch against one text at a time for both model kinds.
@@ -6,10 +6,11 @@ test_decoding.py, batch against one text at a time for both model kinds.
 
 import numpy as np
 import pytest
-
-from jax_transformer import decoding, inference
-from jax_transformer.inference import TextError
 from test_decoding import LetterTokenizer, model
+
+from jax_transformer import decoding
+from jax_transformer.decoding import inference
+from jax_transformer.decoding.inference import TextError
 
 TOK = LetterTokenizer()
 

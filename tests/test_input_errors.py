@@ -17,14 +17,16 @@ import sys
 
 import numpy as np
 import pytest
-
 import script_helpers
-from configs import lm_shakespeare
-from jax_transformer import (checkpoint, data, decoding, experiment,
-                             inference, trained)
+
+from jax_transformer import data, decoding
+from jax_transformer.cli import load_config
 from jax_transformer.data import testing as data_testing
+from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
-from jax_transformer.models import DecoderLM
+from jax_transformer.model.models import DecoderLM
+from jax_transformer.runtime import workdir as workdir_lib
+from jax_transformer.train import checkpoint, experiment, restore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Reading a corrupt checkpoint, Orbax leaves its other reads unawaited; their
@@ -47,7 +49,7 @@ def good_workdir(tmp_path_factory):
   """lm_shakespeare:tiny (rotary, max_len 64, byte tokenizer) at step 0:
   config.json, tokenizer/ and one checkpoint, as train.py writes them."""
   path = str(tmp_path_factory.mktemp('lm') / 'run')
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = str(tmp_path_factory.mktemp('unprepared'))
   tokenizer = data.ByteTokenizer()
   setup = experiment.setup(cfg, tokenizer.vocab_size)
@@ -61,7 +63,7 @@ def good_workdir(tmp_path_factory):
 
 def edit_config(workdir, section='model', **fields):
   """Changes fields of config.json's model (or another section)."""
-  path = os.path.join(workdir, checkpoint.CONFIG_FILE)
+  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   with open(path) as f:
     cfg = json.load(f)
   cfg[section].update(fields)
@@ -97,8 +99,8 @@ def sentencepiece():
 
 def other_tokenizer(workdir):
   """A SentencePiece tokenizer of 400 pieces in place of the bytes one."""
-  shutil.rmtree(os.path.join(workdir, checkpoint.TOKENIZER_DIR))
-  sentencepiece().save(os.path.join(workdir, checkpoint.TOKENIZER_DIR))
+  shutil.rmtree(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
+  sentencepiece().save(os.path.join(workdir, workdir_lib.TOKENIZER_DIR))
 
 
 # (how to break a copy of the good workdir, what the sentence must say)
@@ -119,7 +121,7 @@ BROKEN = {
     'other_tokenizer': (other_tokenizer, 'no longer matches its fingerprint'),
     'other_tokenizer_unrecorded': (
         lambda w: [other_tokenizer(w),
-                   os.remove(os.path.join(w, checkpoint.FINGERPRINT_FILE))],
+                   os.remove(os.path.join(w, workdir_lib.FINGERPRINT_FILE))],
         'holds embed.embedding with shape (264, 32), this config builds ('),
     'bad_json': (lambda w: open(os.path.join(w, 'config.json'), 'w').write(
         '{"model": '), 'config.json is not valid JSON'),
@@ -176,7 +178,7 @@ def test_export_refuses_a_broken_workdir_and_writes_nothing(broken, capsys,
 def test_the_library_raises_the_same_sentence(broken):
   path, needle = broken
   with pytest.raises(UsageError) as err:
-    checkpoint.load_for_inference(path)
+    restore.load_for_inference(path)
   assert needle in str(err.value)
 
 
@@ -223,7 +225,7 @@ def test_generate_refuses_bad_input_with_a_real_checkpoint(
 
 def tiny_lm():
   return DecoderLM(experiment.model_config(
-      lm_shakespeare.get_config('tiny'), data.ByteTokenizer().vocab_size))
+      load_config('lm_shakespeare:tiny'), data.ByteTokenizer().vocab_size))
 
 
 @pytest.mark.parametrize('prompt, needle', [
@@ -251,9 +253,9 @@ def test_decode_texts_names_the_text_that_does_not_fit():
 def test_trained_refuses_a_step_it_does_not_have(good_workdir):
   with pytest.raises(UsageError, match=r'has no checkpoint at step 5; it '
                      r'has steps \[0\]'):
-    trained.load(good_workdir, step=5)
+    restore.load(good_workdir, step=5)
   with pytest.raises(UsageError, match='Cannot average the last 2'):
-    trained.choose_steps(trained.open_workdir(good_workdir), None, 2)
+    restore.choose_steps(restore.open_workdir(good_workdir), None, 2)
 
 
 @pytest.mark.slow

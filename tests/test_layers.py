@@ -7,12 +7,12 @@ import pytest
 import torch
 from flax import nnx
 from torch.nn import functional as F
+from torch_helpers import load_module, n, randomize, t
 
 import jax_transformer as jt
-from jax_transformer import layers
-from jax_transformer import torch_compat as tc
-from jax_transformer.torch_reference import sinusoidal as torch_sinusoidal
-from torch_helpers import load_module, n, randomize, t
+from jax_transformer.interop import torch_compat as tc
+from jax_transformer.interop.torch_reference import sinusoidal as torch_sinusoidal
+from jax_transformer.model import layers
 
 CONFIG = jt.ModelConfig(vocab_size=50, d_model=16, num_heads=4, d_ff=32,
                         num_encoder_layers=1, num_decoder_layers=1)

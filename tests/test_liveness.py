@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from jax_transformer import liveness
-from jax_transformer.liveness import DONE, Monitor, Watchdog
+from jax_transformer.runtime import liveness
+from jax_transformer.runtime.liveness import DONE, Monitor, Watchdog
 
 
 def test_a_peer_whose_heartbeat_stops_is_lost_after_the_timeout():

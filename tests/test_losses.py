@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_transformer import layers, losses
-from jax_transformer.config import ModelConfig
+from jax_transformer.model import layers
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.train import losses
 
 B, T, D, V = 2, 6, 8, 64
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_transformer import attention as attn
-from jax_transformer import masks, steps
-from jax_transformer.config import ModelConfig
-from jax_transformer.models import DecoderLM, EncoderDecoder
+from jax_transformer.model import attention as attn
+from jax_transformer.model import masks
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.train import steps
 
 B, T, S, D, N, V = 3, 6, 5, 16, 4, 40
 LENGTHS = np.array([6, 3, 1])

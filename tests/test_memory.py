@@ -4,23 +4,21 @@ sentence without touching a saved checkpoint."""
 
 import hashlib
 import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from configs import lm_shakespeare, translate_ende  # noqa: E402
-from jax_transformer import (checkpoint, experiment, memory,  # noqa: E402
-                             sharding, steps, trainer)
+from jax_transformer.cli import load_config
+from jax_transformer.model import sharding
+from jax_transformer.train import checkpoint, experiment, memory, steps, trainer
 
 VOCAB = 64
 
 
 def lm_cfg(**mesh):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.model.update(d_model=32, num_heads=4, num_kv_heads=2, d_ff=64)
   cfg.mesh.update(mesh)
   return cfg
@@ -113,7 +111,7 @@ def small_lm():
 
 
 def small_translation():
-  cfg = translate_ende.get_config('tiny')
+  cfg = load_config('translate_ende:tiny')
   cfg.mesh.update(data=1)
   b, t = cfg.batch_size, cfg.seq_len
   return cfg, translation_batch(b, cfg.data.src_len or t, t)
@@ -272,7 +270,7 @@ def test_refusals_leave_the_saved_checkpoint_alone(tmp_path, monkeypatch,
   """A resumed run that does not fit is refused before compiling (by the
   estimate) or after compiling (by XLA's figure), before its first step:
   the checkpoint it would resume stays as it was."""
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = real_data_dir
   cfg.sample.enabled = False
   cfg.num_steps = 3

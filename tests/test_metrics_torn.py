@@ -3,7 +3,7 @@ run's writer drops it instead of gluing its own first row to it."""
 
 import pytest
 
-from jax_transformer import metrics
+from jax_transformer.train import metrics
 
 WHOLE = '{"step": 1, "loss": 2.0}\n'
 

@@ -1,13 +1,12 @@
 """Model invariants: packing, positions, cached decoding, dtypes."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import jax_transformer as jt
-from jax_transformer.models import default_positions
+from jax_transformer.model.models import default_positions
 
 LM = jt.ModelConfig(vocab_size=53, d_model=32, num_heads=4, num_kv_heads=2,
                     d_ff=64, num_encoder_layers=0, num_decoder_layers=2,
@@ -123,7 +122,7 @@ def test_training_mode_uses_dropout_deterministically_per_key():
 
 
 def test_every_parameter_has_logical_axes():
-  from jax_transformer.sharding import DEFAULT_RULES
+  from jax_transformer.model.sharding import DEFAULT_RULES
   for model in (jt.EncoderDecoder(ED.replace(tie_embeddings=False)),
                 jt.DecoderLM(LM.replace(positional='learned'))):
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):

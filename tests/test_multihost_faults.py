@@ -13,9 +13,10 @@ import time
 
 import numpy as np
 import pytest
-
-from jax_transformer import data, liveness
 from test_train_cli import free_port, train
+
+from jax_transformer import data
+from jax_transformer.runtime import liveness
 
 pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,8 +100,8 @@ def test_killed_process_stops_the_trainer_survivor_with_exit_69(tmp_path,
   step = int(last.rsplit(' ', 1)[1].rstrip('.'))
   assert step >= 2 and step % 2 == 0
   # The checkpoint it names is whole: its parameters restore.
-  from jax_transformer.checkpoint import load_for_inference
-  from jax_transformer.params import split
+  from jax_transformer.model.params import split
+  from jax_transformer.train.checkpoint import load_for_inference
   model, _ = load_for_inference(str(work), step)
   for name, value in split(model)[1].items():
     assert np.isfinite(value).all(), name

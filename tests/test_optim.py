@@ -3,7 +3,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_transformer import losses, optim
+from jax_transformer.train import losses, optim
 
 
 def test_rsqrt_schedule_is_the_papers_formula():

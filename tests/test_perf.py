@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_transformer import perf
 from jax_transformer.bench import timing
-from jax_transformer.config import gpt2_small, transformer_base
-from jax_transformer.models import DecoderLM, EncoderDecoder
-from jax_transformer.params import split
+from jax_transformer.model.config import gpt2_small, transformer_base
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.params import split
+from jax_transformer.train import perf
 
 
 def matmul_params(model) -> dict[str, int]:

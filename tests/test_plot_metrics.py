@@ -3,10 +3,10 @@
 import struct
 
 import pytest
-
-from jax_transformer import metrics
-from jax_transformer.metrics import MetricWriter
 import script_helpers
+
+from jax_transformer.train import metrics
+from jax_transformer.train.metrics import MetricWriter
 
 PNG = b'\x89PNG\r\n\x1a\n'
 

@@ -1,4 +1,4 @@
-"""jax_transformer.quantize: int8 kernels within half a step of the floats,
+"""jax_transformer.decoding.quantize: int8 kernels within half a step of the floats,
 exactly the matmul kernels quantized, bfloat16 copies, both composed.
 
 Decoding with these copies (tokens against float32) is in
@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 import jax_transformer as jt
-from jax_transformer import quantize
-from jax_transformer.quantize import Int8Kernel
+from jax_transformer.decoding import quantize
+from jax_transformer.decoding.quantize import Int8Kernel
 
 LM = jt.ModelConfig(vocab_size=64, d_model=64, num_heads=4, num_kv_heads=2,
                     d_ff=128, num_encoder_layers=0, num_decoder_layers=2,

@@ -2,17 +2,15 @@
 
 import logging
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from configs import lm_shakespeare  # noqa: E402
-from jax_transformer import checkpoint, steps, trainer  # noqa: E402
-from jax_transformer.data.tokenizers import ByteTokenizer  # noqa: E402
+from jax_transformer.cli import load_config
+from jax_transformer.data.tokenizers import ByteTokenizer
+from jax_transformer.train import checkpoint, steps, trainer
 
 
 def _state(step):
@@ -73,7 +71,7 @@ def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
 
 
 def test_side_files_are_written_whole(tmp_path):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   # tokenizer/ without its fingerprint: a start killed while writing it.
   (tmp_path / 'tokenizer').mkdir()
   (tmp_path / 'tokenizer' / 'spm.model').write_bytes(b'torn')
@@ -103,7 +101,7 @@ def test_a_non_finite_step_stops_training_and_is_never_saved(tmp_path,
     return run
 
   monkeypatch.setattr(steps, 'make_train_step', poisoned)
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = real_data_dir
   cfg.update(num_steps=8, checkpoint_every=2, log_every=2, eval_every=100)
   cfg.sample.enabled = False

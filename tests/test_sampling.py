@@ -8,9 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_transformer.sampling import (Sampler, allowed, greedy,
-                                      is_deterministic, top_k_mask,
-                                      top_p_mask)
+from jax_transformer.decoding.sampling import (
+  Sampler,
+  allowed,
+  greedy,
+  is_deterministic,
+  top_k_mask,
+  top_p_mask,
+)
 
 # One row of logits with clearly different probabilities, and a tie.
 ROW = np.log(np.array([0.02, 0.30, 0.05, 0.20, 0.20, 0.13, 0.08, 0.02]))

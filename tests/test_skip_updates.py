@@ -9,13 +9,11 @@ import numpy as np
 import optax
 import pytest
 from ml_collections import ConfigDict
-
-from configs import lm_shakespeare
-from jax_transformer import checkpoint, experiment, metrics, optim, steps
-from jax_transformer import trainer
-
-from test_accumulation import T, VOCAB
+from test_accumulation import VOCAB, T
 from test_accumulation import lm_batch as batch_of
+
+from jax_transformer.cli import load_config
+from jax_transformer.train import checkpoint, experiment, metrics, optim, steps, trainer
 
 
 def lm_batch(seed):
@@ -23,7 +21,7 @@ def lm_batch(seed):
 
 
 def tiny_setup(max_skipped, accum=1):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.model.dropout_rate = 0.0
   cfg.optim.update(max_skipped_updates=max_skipped, grad_accum_steps=accum,
                    warmup_steps=0, schedule='constant')
@@ -141,7 +139,7 @@ def test_check_finite_without_skipping_stops_at_the_first():
 
 @pytest.mark.parametrize('value', [-1, 1.5, True, '3', None])
 def test_max_skipped_updates_is_checked_before_any_data(value, monkeypatch):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   assert cfg.optim.max_skipped_updates == 0  # settable from the command line
   # A new ConfigDict: the default's type (int) would refuse 1.5 and '3'.
   cfg.optim = ConfigDict(dict(cfg.optim.to_dict(), max_skipped_updates=value))
@@ -181,7 +179,7 @@ def poison_steps(monkeypatch, bad_steps):
 
 
 def tiny_run(tmp_path, max_skipped, checkpoint_every):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = str(tmp_path / 'tfds')
   cfg.update(num_steps=8, checkpoint_every=checkpoint_every, log_every=2,
              eval_every=100)

@@ -5,9 +5,9 @@ import random
 
 import numpy as np
 import pytest
+import script_helpers
 
 from jax_transformer import data
-import script_helpers
 
 
 @pytest.fixture(scope='module')

@@ -2,7 +2,6 @@
 'unigram' as trained and saved, anything else refused up front; a resumed
 workdir keeps the tokenizer it was trained with."""
 
-import importlib
 import json
 import os
 import shutil
@@ -10,9 +9,11 @@ import shutil
 import pytest
 from sentencepiece import sentencepiece_model_pb2
 
-from configs import translate_ende
-from jax_transformer import checkpoint, data, trainer
+from jax_transformer import data
+from jax_transformer.cli import load_config
 from jax_transformer.data import testing as data_testing
+from jax_transformer.runtime import workdir as workdir_lib
+from jax_transformer.train import trainer
 
 SPEC = sentencepiece_model_pb2.TrainerSpec
 CONFIGS = ('lm_shakespeare', 'translate_ende', 'wmt_base', 'gpt2_small',
@@ -34,12 +35,12 @@ def model_type(tokenizer_dir) -> int:
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_every_config_names_a_valid_model_type(name):
-  cfg = importlib.import_module(f'configs.{name}').get_config()
+  cfg = load_config(name)
   assert cfg.data.spm_model_type in ('unigram', 'bpe')
 
 
 def test_wmt_base_uses_bpe_as_its_docstring_says():
-  cfg = importlib.import_module('configs.wmt_base').get_config()
+  cfg = load_config('wmt_base')
   assert cfg.data.spm_model_type == 'bpe'
 
 
@@ -71,12 +72,12 @@ def test_a_resumed_workdir_keeps_its_bpe_tokenizer(tmp_path, ding):
                         model_type=kind, builder_kwargs={'source_path': ding})
 
   shared = prepare('bpe').tokenizer_dir
-  cfg = translate_ende.get_config('tiny')
+  cfg = load_config('translate_ende:tiny')
   cfg.data.update(data_dir=data_dir, vocab_size=500, spm_model_type='bpe')
   cfg.update(num_steps=1, eval_bleu_examples=0)
   cfg.sample.enabled = False
   trainer.train_and_evaluate(cfg, workdir)
-  saved = os.path.join(workdir, checkpoint.TOKENIZER_DIR)
+  saved = os.path.join(workdir, workdir_lib.TOKENIZER_DIR)
   assert model_type(saved) == SPEC.BPE
   with open(os.path.join(saved, 'spm.model'), 'rb') as f:
     first = f.read()

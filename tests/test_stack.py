@@ -3,8 +3,6 @@ consumer of parameters (checkpoints, torch_compat, export, decoding, the
 sharding report) works in both layouts."""
 
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +11,12 @@ import optax
 import pytest
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from jax_transformer import (checkpoint, decoding, params, sharding,  # noqa: E402
-                             steps, torch_compat)
-from jax_transformer.config import ModelConfig, gpt2_small  # noqa: E402
-from jax_transformer.models import DecoderLM, EncoderDecoder  # noqa: E402
+from jax_transformer import decoding
+from jax_transformer.interop import torch_compat
+from jax_transformer.model import params, sharding
+from jax_transformer.model.config import ModelConfig, gpt2_small
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.train import checkpoint, steps
 
 V, B, T = 48, 2, 7
 CONFIG = ModelConfig(vocab_size=V, d_model=16, num_heads=4, num_kv_heads=2,

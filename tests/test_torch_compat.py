@@ -6,11 +6,11 @@ import pytest
 import torch
 import transformers
 from flax import nnx
+from torch_helpers import n, randomize, t
 
 import jax_transformer as jt
-from jax_transformer import torch_compat as tc
-from jax_transformer.torch_reference import TorchTransformer
-from torch_helpers import n, randomize, t
+from jax_transformer.interop import torch_compat as tc
+from jax_transformer.interop.torch_reference import TorchTransformer
 
 SMALL = jt.ModelConfig(vocab_size=40, d_model=16, num_heads=4, d_ff=32,
                        num_encoder_layers=2, num_decoder_layers=2)
@@ -118,5 +118,5 @@ def test_tied_config_refuses_a_different_head():
 def test_layouts_refuse_what_they_cannot_hold():
   with pytest.raises(ValueError, match='grouped-query'):
     tc.encoder_decoder_entries(SMALL.replace(num_kv_heads=2))
-  with pytest.raises(ValueError, match="positional='rotary' \(GPT-2 has 'learned'\)"):
+  with pytest.raises(ValueError, match=r"positional='rotary' \(GPT-2 has 'learned'\)"):
     tc.gpt2_entries(GPT2.replace(positional='rotary'))

@@ -9,13 +9,13 @@ import optax
 import pytest
 import torch
 from flax import nnx
+from torch_helpers import load_module, n, randomize, t
 
 import jax_transformer as jt
-from jax_transformer import attention as attn
-from jax_transformer import torch_compat as tc
-from jax_transformer.blocks import DecoderLayer, EncoderLayer
-from jax_transformer.torch_reference import TorchTransformer
-from torch_helpers import load_module, n, randomize, t
+from jax_transformer.interop import torch_compat as tc
+from jax_transformer.interop.torch_reference import TorchTransformer
+from jax_transformer.model import attention as attn
+from jax_transformer.model.blocks import DecoderLayer, EncoderLayer
 
 BASE = jt.ModelConfig(vocab_size=61, d_model=32, num_heads=4, d_ff=64,
                       num_encoder_layers=2, num_decoder_layers=2)

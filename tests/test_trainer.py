@@ -1,17 +1,15 @@
 """Sharded train steps, overfitting, and bad configs refused before compiling."""
 
-import sys
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from configs import lm_shakespeare, translate_ende  # noqa: E402
-from jax_transformer import experiment, sharding, steps, trainer  # noqa: E402
+from jax_transformer.cli import load_config
+from jax_transformer.model import sharding
+from jax_transformer.train import experiment, steps, trainer
 
 VOCAB = 64
 
@@ -26,7 +24,7 @@ def lm_batch(b=8, t=16, seed=0):
 
 
 def tiny_cfg(**mesh):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.model.update(d_model=32, num_heads=4, num_kv_heads=2, d_ff=64)
   cfg.mesh.update(mesh)
   return cfg
@@ -75,7 +73,7 @@ def test_loss_falls_when_overfitting_one_batch():
 
 
 def test_encoder_decoder_step_runs_sharded():
-  cfg = translate_ende.get_config('tiny')
+  cfg = load_config('translate_ende:tiny')
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
   rs = np.random.RandomState(0)
   b, s, t = 8, 12, 10

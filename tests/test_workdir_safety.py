@@ -6,27 +6,27 @@ signals during evaluation."""
 import os
 import shutil
 import signal
-import sys
 
+import fake_gcs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-sys.path.insert(0, os.path.dirname(__file__))
-import fake_gcs  # noqa: E402
-from configs import lm_shakespeare  # noqa: E402
-from jax_transformer import (checkpoint, evaluation, metrics, perf, storage,  # noqa: E402
-                             trainer)
-from jax_transformer.data.tokenizers import (ByteTokenizer,  # noqa: E402
-                                             SentencePieceTokenizer,
-                                             fingerprint, make_tokenizer)
-from jax_transformer.errors import UsageError  # noqa: E402
+from jax_transformer.cli import load_config
+from jax_transformer.data.tokenizers import (
+  ByteTokenizer,
+  SentencePieceTokenizer,
+  fingerprint,
+  make_tokenizer,
+)
+from jax_transformer.errors import UsageError
+from jax_transformer.runtime import storage
+from jax_transformer.train import checkpoint, evaluation, metrics, perf, restore, trainer
 
 
 def _tiny(tmp_path, **fields):
-  cfg = lm_shakespeare.get_config('tiny')
+  cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = str(tmp_path / 'tfds')
   cfg.sample.enabled = False
   cfg.update(fields)
@@ -97,8 +97,8 @@ def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
 
 
 def _final_params(workdir):
-  model, _ = checkpoint.load_for_inference(str(workdir))
-  from jax_transformer.params import split  # pylint: disable=g-import-not-at-top
+  model, _ = restore.load_for_inference(str(workdir))
+  from jax_transformer.model.params import split  # pylint: disable=g-import-not-at-top
   return jax.device_get(split(model)[1])
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from jax_transformer import torch_compat
+from jax_transformer.interop import torch_compat
 
 
 def randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

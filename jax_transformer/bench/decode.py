@@ -24,9 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import jax_transformer as jt
-from jax_transformer import torch_compat
 from jax_transformer.bench import timing
+from jax_transformer.decoding import generate
+from jax_transformer.interop import torch_compat
+from jax_transformer.model.config import gpt2_small, transformer_base
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 BOS = 1
 # Vendor peak memory bandwidth, bytes/s, by device kind (substring).
@@ -83,7 +85,7 @@ class Case:
 
 def _jax_side(model, inputs, n, **options) -> Callable[[], np.ndarray]:
   def run():
-    out = jt.generate(model, **inputs, max_new_tokens=n, eos_id=None,
+    out = generate(model, **inputs, max_new_tokens=n, eos_id=None,
                       **options)
     return np.asarray(out.tokens)
   return run
@@ -121,7 +123,7 @@ def _torch_reference_side(model, src: np.ndarray,
                           n: int) -> Callable[[], np.ndarray]:
   import torch  # pylint: disable=g-import-not-at-top
 
-  from jax_transformer.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
+  from jax_transformer.interop.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
   ref = TorchTransformer.from_config(model.config)
   ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in
                        torch_compat.encoder_decoder_to_torch(model).items()})
@@ -142,7 +144,7 @@ def lm_case(batch: int, new_tokens: int, prompt_len: int,
             options: dict[str, dict], torch_side: bool = True) -> Case:
   """GPT-2 small's shape, random weights: each of ``options`` (name ->
   generate keyword arguments) against HF generate."""
-  model = jt.DecoderLM(jt.gpt2_small(dropout_rate=0.0,
+  model = DecoderLM(gpt2_small(dropout_rate=0.0,
                                      attention_dropout_rate=0.0),
                        nnx.Rngs(0))
   prompt = np.random.RandomState(0).randint(
@@ -163,7 +165,7 @@ def encoder_decoder_case(batch: int, new_tokens: int, src_len: int,
                          torch_side: bool = True) -> Case:
   """The paper's base model, random weights: ours against the PyTorch
   reference module's greedy loop."""
-  model = jt.EncoderDecoder(jt.transformer_base(
+  model = EncoderDecoder(transformer_base(
       dropout_rate=0.0, attention_dropout_rate=0.0), nnx.Rngs(0))
   src = np.random.RandomState(0).randint(
       3, model.config.vocab_size, (batch, src_len)).astype(np.int32)

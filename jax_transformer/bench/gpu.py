@@ -24,6 +24,17 @@ import subprocess
 import sys
 import time
 
+import jax
+import optax
+from flax import nnx
+
+from jax_transformer.bench.step import make_batch
+from jax_transformer.model.config import gpt2_small, transformer_base
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.params import split
+from jax_transformer.train import experiment, perf
+from jax_transformer.train import steps as steps_lib
+
 _350M = dict(d_model=1024, num_heads=16, num_decoder_layers=24, d_ff=4096)
 # The options of the "Scaling up" README section, each against the plain
 # step: attention as XLA with segment masks vs 'auto' (cuDNN) with lengths,
@@ -53,15 +64,7 @@ ITEMS = {
 def measure(name: str, steps: int, seconds: float) -> dict:
   """One item, in this process: compile, warm up, time up to ``steps``
   steps or ``seconds``, whichever comes first."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from jax_transformer import experiment, perf, steps as steps_lib  # pylint: disable=g-import-not-at-top
-  from jax_transformer.bench.step import make_batch  # pylint: disable=g-import-not-at-top
-  from jax_transformer.config import gpt2_small, transformer_base  # pylint: disable=g-import-not-at-top
-  from jax_transformer.models import DecoderLM, EncoderDecoder  # pylint: disable=g-import-not-at-top
-  from jax_transformer.params import split  # pylint: disable=g-import-not-at-top
 
   item = ITEMS[name]
   if item['kind'] == 'lm':

@@ -30,7 +30,11 @@ import time
 
 import numpy as np
 
+from jax_transformer import data
+from jax_transformer.cli import load_config
+from jax_transformer.data.pipeline import stream_tokens
 from jax_transformer.errors import UsageError
+from jax_transformer.train import experiment
 
 STEPS = 600
 EVAL_EVERY = 100
@@ -64,11 +68,7 @@ print(json.dumps({'step': ckpt['iter_num'], 'val_loss': total / (n * t)}))
 def write_bytes(workdir: str) -> int:
   """The default job's train/validation token streams as nanoGPT data;
   returns the vocabulary size (the model's, padded as ours is)."""
-  sys.path.insert(0, os.getcwd())
-  from configs import lm_shakespeare  # pylint: disable=g-import-not-at-top
-  from jax_transformer import data, experiment  # pylint: disable=g-import-not-at-top
-  from jax_transformer.data.pipeline import stream_tokens  # pylint: disable=g-import-not-at-top
-  cfg = lm_shakespeare.get_config()
+  cfg = load_config('lm_shakespeare')
   prepared = data.prepare(cfg.data.name)
   spec = data.get_spec(cfg.data.name)
   os.makedirs(workdir, exist_ok=True)

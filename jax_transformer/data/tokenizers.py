@@ -42,7 +42,10 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+import sentencepiece as spm
 from etils import epath
+from tokenizers import Tokenizer as _Backend
+from tokenizers import decoders, models, pre_tokenizers
 
 from jax_transformer.errors import UsageError
 
@@ -137,7 +140,6 @@ class SentencePieceTokenizer(_ReservedIds):
   kind = 'sentencepiece'
 
   def __init__(self, model_proto: bytes):
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     self._proto = bytes(model_proto)
     self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
     ids = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
@@ -164,7 +166,6 @@ class SentencePieceTokenizer(_ReservedIds):
         are spelled as UTF-8 byte pieces (byte fallback), so nothing is UNK.
       max_sentences: cap on the lines SentencePiece keeps (it samples them).
     """
-    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     check_model_type(model_type)
     model = io.BytesIO()
     spm.set_random_generator_seed(0)  # the line sample is then reproducible
@@ -246,7 +247,6 @@ class HuggingFaceTokenizer:
   def __init__(self, tokenizer_json: str,
                special_tokens: Mapping[str, str | None] | None = None):
     # pylint: disable-next=g-import-not-at-top
-    from tokenizers import Tokenizer as _Backend
     self._json = tokenizer_json
     self._tok = _Backend.from_str(tokenizer_json)
     special_tokens = special_tokens or {}
@@ -360,7 +360,6 @@ def to_huggingface(tokenizer: Tokenizer) -> HuggingFaceTokenizer | None:
   if not isinstance(tokenizer, ByteTokenizer):
     return None
   # pylint: disable-next=g-import-not-at-top
-  from tokenizers import Tokenizer as _Backend, decoders, models, pre_tokenizers
   names = ('<pad>', '<s>', '</s>', '<unk>')
   vocab = {name: i for i, name in enumerate(names)}
   vocab.update({c: b + NUM_RESERVED for b, c in _bytes_to_unicode().items()})

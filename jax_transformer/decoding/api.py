@@ -10,19 +10,29 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_transformer import quantize
+from jax_transformer.decoding import quantize
 from jax_transformer.decoding.beam import beam_search_jit
-from jax_transformer.decoding.inputs import (Inputs, check_positive,
-                                             check_total_length, place,
-                                             place_state, prepare,
-                                             resolve_mesh)
+from jax_transformer.decoding.inputs import (
+  Inputs,
+  check_positive,
+  check_total_length,
+  place,
+  place_state,
+  prepare,
+  resolve_mesh,
+)
 from jax_transformer.decoding.loop import TokenChooser, generate_jit
-from jax_transformer.decoding.results import (BOS_ID, EOS_ID,
-                                              EXTRA_NEW_TOKENS, PAD_ID,
-                                              BeamResult, Generation)
+from jax_transformer.decoding.results import (
+  BOS_ID,
+  EOS_ID,
+  EXTRA_NEW_TOKENS,
+  PAD_ID,
+  BeamResult,
+  Generation,
+)
+from jax_transformer.decoding.sampling import greedy, is_deterministic
 from jax_transformer.errors import UsageError
-from jax_transformer.models import DecoderLM, EncoderDecoder
-from jax_transformer.sampling import greedy, is_deterministic
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Array = jax.Array
 Model = EncoderDecoder | DecoderLM
@@ -68,7 +78,7 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   mesh: shard the batch over its 'data' axis (default: the mesh set by
     ``jax.set_mesh``, if any).
   dtype, weights: decode a lower-precision copy of the model (see
-    :func:`jax_transformer.quantize.for_decoding`): dtype 'bfloat16' casts
+    :func:`jax_transformer.decoding.quantize.for_decoding`): dtype 'bfloat16' casts
     the parameters once and computes (and caches keys/values) in bfloat16,
     logits staying float32; None keeps the model's own. weights 'int8'
     holds the matmul kernels as int8 with per-channel scales. The copy is
@@ -80,7 +90,7 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   n = check_positive('max_new_tokens', max_new_tokens)
   if not callable(sampler):
     raise TypeError('sampler must be callable as sampler(logits, key), e.g. '
-                    'jax_transformer.sampling.greedy or Sampler(...).')
+                    'jax_transformer.decoding.sampling.greedy or Sampler(...).')
   if key is None:
     if not is_deterministic(sampler):
       raise UsageError('Sampling needs a key, e.g. key=jax.random.key(0); '

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
 from jax_transformer.decoding.loop import chunk_size, in_chunks, within
 from jax_transformer.decoding.prefill import prefill, start
 from jax_transformer.decoding.results import BeamResult
+from jax_transformer.model.attention import KVCache
 
 Array = jax.Array
 

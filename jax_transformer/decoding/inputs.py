@@ -13,7 +13,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_transformer.errors import UsageError
-from jax_transformer.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Array = jax.Array
 

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
 from jax_transformer.decoding.prefill import prefill
 from jax_transformer.decoding.results import Generation
+from jax_transformer.model.attention import KVCache
 
 Array = jax.Array
 TokenChooser = Callable[[Array, Array], Array]

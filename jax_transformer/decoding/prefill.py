@@ -6,9 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_transformer.attention import KVCache
 from jax_transformer.decoding.inputs import Inputs, constrain
-from jax_transformer.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.attention import KVCache
+from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Array = jax.Array
 Model = EncoderDecoder | DecoderLM

@@ -1,0 +1,301 @@
+"""Parameters from PyTorch, Hugging Face or safetensors files into a workdir
+that train.py, scripts/generate.py and ``checkpoint.load_for_inference``
+accept.
+
+``import_into(path, cfg, workdir)`` reads one of:
+
+  * a Hugging Face GPT-2 directory: ``config.json`` + ``model.safetensors``
+    (or its sharded index; ``pytorch_model.bin`` only through
+    ``torch.load(weights_only=True)``) and ``tokenizer.json``;
+  * a file written by ``export --format safetensors`` (parameters under
+    their dotted names, the model config in the metadata);
+  * a PyTorch state_dict of the reference encoder-decoder or of
+    ``GPT2LMHeadModel`` (``torch.save``, or a safetensors file without our
+    metadata), with the ``.json`` that ``export --format torch`` writes
+    beside it when there is one;
+
+and writes the workdir as train.py does: an Orbax checkpoint at the file's
+step (0 when it records none) holding the parameters, a fresh optimizer
+state and an unread data position; ``config.json``; ``tokenizer/``.
+
+The experiment config decides the architecture and the file must fit it:
+every field the file records (a Hugging Face config, our model config) that
+differs is named with the flags that would match it, and shapes that do not
+fit name every key (``torch_compat``). ``model.vocab_size`` unset is taken
+from the file. The tokenizer is the directory's ``tokenizer.json``, else
+the ``<stem>.tokenizer/`` beside a file (as export writes it), else the
+config's own (built as train.py builds it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from jax_transformer import data
+from jax_transformer.data import tokenizers
+from jax_transformer.errors import UsageError
+from jax_transformer.interop import torch_compat
+from jax_transformer.interop.exporter import (
+  CONFIG_SUFFIX,
+  HF_CONFIG,
+  HF_WEIGHTS,
+  LAYOUTS,
+  SAFETENSORS_FORMAT,
+  TOKENIZER_SUFFIX,
+  TORCH_FORMAT,
+  build,
+  read_safetensors,
+  sidecar,
+)
+from jax_transformer.model import params as params_lib
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.train import checkpoint, experiment, trainer
+
+# Fields a fine-tuning run may change without changing the function.
+_RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
+                   'param_dtype', 'attention_implementation', 'dropout_rng',
+                   'scan_layers', 'remat')
+_EMBEDDING = {'reference': 'embed.weight', 'gpt2': 'transformer.wte.weight',
+              'flat': 'embed.embedding'}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Source:
+  """What an import file holds."""
+  path: str
+  kind: str                  # the model kind its tensors are for
+  layout: str                # 'reference', 'gpt2' or 'flat' (our names)
+  tensors: dict[str, Any]
+  fields: dict[str, Any]     # ModelConfig fields it records ({}: none)
+  step: int
+  tokenizer: Any | None
+  unsupported: tuple[str, ...] = ()
+
+  @property
+  def vocab_size(self) -> int | None:
+    embedding = self.tensors.get(_EMBEDDING[self.layout])
+    if embedding is not None:
+      return int(np.shape(embedding)[0])
+    return self.fields.get('vocab_size')
+
+
+def read_source(path: str) -> Source:
+  if not os.path.exists(path):
+    raise UsageError(f'--from {path} does not exist.')
+  if os.path.isdir(path):
+    return _read_hf_dir(path)
+  tokenizer = _tokenizer_beside(path)
+  if path.endswith('.safetensors'):
+    tensors, meta = read_safetensors(path)
+    if meta.get('format') == SAFETENSORS_FORMAT:
+      return Source(path, meta['model_kind'], 'flat', tensors,
+                    json.loads(meta['model_config']),
+                    int(meta.get('step', 0)), tokenizer)
+  else:
+    tensors = _torch_load(path)
+  meta = {}
+  if os.path.exists(sidecar(path, CONFIG_SUFFIX)):
+    with open(sidecar(path, CONFIG_SUFFIX)) as f:
+      meta = json.load(f)
+    if meta.get('format') != TORCH_FORMAT:
+      meta = {}
+  tensors = torch_compat.with_gpt2_prefix(tensors)
+  layout = meta.get('layout') or _guess_layout(path, tensors)
+  kind = next(k for k, v in LAYOUTS.items() if v.name == layout)
+  return Source(path, kind, layout, tensors, meta.get('model_config', {}),
+                int(meta.get('step', 0)), tokenizer)
+
+
+def _torch_load(path: str) -> dict[str, Any]:
+  import torch  # pylint: disable=g-import-not-at-top
+  try:
+    state_dict = torch.load(path, map_location='cpu', weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f'{path} cannot be read with torch.load(weights_only='
+                     f'True): {str(e).splitlines()[0]}') from None
+  if not isinstance(state_dict, dict):
+    raise UsageError(f'{path} holds a {type(state_dict).__name__}, not a '
+                     'state_dict.')
+  return state_dict
+
+
+def _guess_layout(path: str, tensors: dict[str, Any]) -> str:
+  if 'transformer.wte.weight' in tensors:
+    return 'gpt2'
+  if 'embed.weight' in tensors:
+    return 'reference'
+  raise UsageError(f'{path} is neither a reference encoder-decoder '
+                   'state_dict (embed.weight, transformer.encoder...) nor a '
+                   'GPT2LMHeadModel one (transformer.wte.weight, ...).')
+
+
+def _tokenizer_beside(path: str):
+  directory = sidecar(path, TOKENIZER_SUFFIX)
+  if os.path.isdir(directory):
+    return tokenizers.load_tokenizer(directory)
+  return None
+
+
+def _read_hf_dir(path: str) -> Source:
+  config_path = os.path.join(path, HF_CONFIG)
+  if not os.path.exists(config_path):
+    raise UsageError(f'--from {path} is a directory without {HF_CONFIG}: '
+                     'not a Hugging Face model directory.')
+  with open(config_path) as f:
+    hf = json.load(f)
+  if hf.get('model_type') != 'gpt2':
+    raise UsageError(f'{path} holds a {hf.get("model_type")!r} model; only '
+                     'GPT-2 (GPT2LMHeadModel) directories import.')
+  if not os.path.exists(os.path.join(path, 'tokenizer.json')):
+    raise UsageError(f'{path} has no tokenizer.json; save its tokenizer '
+                     'there with tokenizer.save_pretrained(...) first.')
+  fields, unsupported = torch_compat.model_fields_from_gpt2(hf)
+  return Source(path, 'decoder_lm', 'gpt2',
+                torch_compat.with_gpt2_prefix(_hf_weights(path)), fields, 0,
+                tokenizers.HuggingFaceTokenizer.from_pretrained(path),
+                tuple(unsupported))
+
+
+def _hf_weights(path: str) -> dict[str, Any]:
+  """model.safetensors, its shards, or (only then) pytorch_model.bin."""
+  single = os.path.join(path, HF_WEIGHTS)
+  index = single + '.index.json'
+  if os.path.exists(single):
+    return read_safetensors(single)[0]
+  if os.path.exists(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)['weight_map'].values()))
+    tensors = {}
+    for shard in shards:
+      tensors.update(read_safetensors(os.path.join(path, shard))[0])
+    return tensors
+  binary = os.path.join(path, 'pytorch_model.bin')
+  if os.path.exists(binary):
+    return _torch_load(binary)
+  raise UsageError(f'{path} has no {HF_WEIGHTS}, its index or '
+                   'pytorch_model.bin.')
+
+
+def _architecture(fields: dict[str, Any]) -> dict[str, Any]:
+  """The fields that change the model's function (num_kv_heads resolved)."""
+  arch = {k: v for k, v in fields.items() if k not in _RUNTIME_FIELDS}
+  if 'num_kv_heads' in arch and arch['num_kv_heads'] is None:
+    arch['num_kv_heads'] = arch.get('num_heads')
+  return arch
+
+
+def fit_config(cfg: ml_collections.ConfigDict, source: Source,
+               tokenizer) -> tuple[ModelConfig, list[str]]:
+  """(model config, flags a later train.py needs beyond the given ones).
+
+  Sets ``cfg.model.vocab_size`` to the file's when it is unset and the
+  tokenizer would give another size; refuses a file that does not fit.
+  """
+  if source.kind != cfg.model_kind:
+    raise UsageError(f'{source.path} holds a {source.kind} model but the '
+                     f'config\'s model_kind is {cfg.model_kind!r}.')
+  if source.unsupported:
+    raise UsageError(f'{source.path} has {", ".join(source.unsupported)}, '
+                     'which the GPT-2 layout here cannot hold.')
+  extra_flags = []
+  try:
+    vocab = source.vocab_size
+    if (cfg.model.vocab_size is None and vocab is not None and vocab !=
+        experiment.model_config(cfg, tokenizer.vocab_size).vocab_size):
+      cfg.model.vocab_size = vocab
+      extra_flags.append(f'--config.model.vocab_size={vocab}')
+    model_config = experiment.model_config(cfg, tokenizer.vocab_size)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  file_arch = _architecture(source.fields)
+  ours = _architecture(dataclasses.asdict(model_config))
+  wrong = {k: v for k, v in file_arch.items() if k in ours and ours[k] != v}
+  if wrong:
+    theirs = ', '.join(f'{k}={v!r}' for k, v in wrong.items())
+    have = ', '.join(f'{k}={ours[k]!r}' for k in wrong)
+    flags = ' '.join(f'--config.model.{k}={v}' for k, v in wrong.items())
+    raise UsageError(f'{source.path} holds a model with {theirs}, but '
+                     f'config.model has {have}; add {flags} to import it.')
+  return model_config, extra_flags
+
+
+def build_params(source: Source, model_config: ModelConfig):
+  """The flat parameters of the model the file holds, shape-checked."""
+  try:
+    if source.layout == 'flat':
+      model = torch_compat.module_from_flat(
+          source.tensors, build(source.kind, model_config),
+          model_config.params_dtype)
+    else:
+      model = LAYOUTS[source.kind].from_torch(source.tensors, model_config)
+  except ValueError as e:
+    raise UsageError(f'{source.path}: {e}') from None
+  return params_lib.split(model)[1]
+
+
+def config_tokenizer(cfg: ml_collections.ConfigDict, path: str):
+  """The config's tokenizer, as train.py builds it."""
+  try:
+    return trainer.prepare_data(cfg).tokenizer
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(
+        f'{path} has no tokenizer beside it '
+        f'({sidecar(path, TOKENIZER_SUFFIX)}/) and the config\'s data '
+        f'cannot give one: {str(e).splitlines()[0]}') from None
+
+
+def write_workdir(workdir: str, cfg: ml_collections.ConfigDict, tokenizer,
+                  params, step: int) -> None:
+  """A checkpoint at ``step`` of ``params`` with a fresh optimizer state and
+  an unread data position, plus config.json and tokenizer/."""
+  try:
+    setup = experiment.setup(cfg, tokenizer.vocab_size)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  state = setup.state_for(params, cfg.seed, step)
+  data_state = data.initial_state(
+      cfg.data, cfg.data.get('train_split', 'train'),
+      batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed)
+  checkpoint.save_side_files(workdir, cfg, tokenizer)
+  checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
+  try:
+    checkpointer.save(state, data_state)
+    checkpointer.wait()
+  finally:
+    checkpointer.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Imported:
+  workdir: str
+  step: int
+  model_config: ModelConfig
+  extra_flags: list[str]   # for train.py, beyond the import's own
+  notes: list[str]
+
+
+def import_into(path: str, cfg: ml_collections.ConfigDict,
+                workdir: str) -> Imported:
+  """Reads ``path``, checks it against ``cfg`` and writes ``workdir``."""
+  if os.path.exists(workdir) and os.listdir(workdir):
+    raise UsageError(f'--workdir {workdir} is not empty; import into a new '
+                     'directory.')
+  source = read_source(path)
+  tokenizer = source.tokenizer or config_tokenizer(cfg, path)
+  model_config, extra_flags = fit_config(cfg, source, tokenizer)
+  params = build_params(source, model_config)
+  write_workdir(workdir, cfg, tokenizer, params, source.step)
+  notes = []
+  moved = tokenizers.reserved_id_mismatches(tokenizer)
+  if moved:
+    notes.append(
+        f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '
+        'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
+        'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
+  return Imported(workdir, source.step, model_config, extra_flags, notes)

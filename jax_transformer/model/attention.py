@@ -1,0 +1,265 @@
+"""Multi-head and grouped-query attention, and the KV cache.
+
+Masks are :class:`jax_transformer.model.masks.Mask` structures or dense bool
+arrays broadcastable to ``[B, N, T, S]`` (True = may attend).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import checkify
+
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.layers import dropout, param, rotate
+
+# Re-exported: the mask helpers lived here first.
+from jax_transformer.model.masks import (  # noqa: F401
+  Mask,
+  as_mask,
+  attention_args,
+  causal_mask,
+  combine,
+  padding_mask,
+  segment_mask,
+)
+from jax_transformer.model.sharding import constrain
+
+Array = jax.Array
+
+
+def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
+  """softmax(q k^T / sqrt(H)) over keys, blocked keys weighted 0.
+
+  q [B, T, N, H], k [B, S, K, H], mask broadcastable to [B, N, T, S]
+  -> weights [B, N, T, S] float32. With K < N, query head n reads key head
+  n // (N / K), as jax.nn.dot_product_attention groups them.
+  """
+  k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
+  scores = jnp.einsum('BTNH,BSNH->BNTS', q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores / jnp.sqrt(jnp.float32(q.shape[-1]))
+  if mask is not None:
+    # Finite, so a fully blocked row (a padding query) stays NaN-free.
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+# Head widths cuDNN's fused attention takes (multiples of 8 up to 128 run
+# on every cuDNN 9 GPU; wider heads need Hopper or newer).
+CUDNN_HEAD_DIMS = range(8, 129, 8)
+
+
+def implementation(config: ModelConfig, dtype) -> str | None:
+  """The ``jax.nn.dot_product_attention`` backend for config and dtype.
+
+  'auto' picks cuDNN's fused kernel on a GPU when the dtype is 16-bit and
+  the head width is one it takes, and XLA otherwise (CPU, TPU, float32).
+  """
+  chosen = config.attention_implementation
+  if chosen != 'auto':
+    return chosen
+  fused = (jax.default_backend() == 'gpu'
+           and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+           and config.head_dim in CUDNN_HEAD_DIMS)
+  return 'cudnn' if fused else 'xla'
+
+
+class KVCache(NamedTuple):
+  """Decoding state, passed into the model and returned (a plain pytree).
+
+  keys, values:  per decoder layer, [B, K, S_max, H]: self-attention
+                 keys/values written slot by slot (slots after heads, so
+                 attention reads them without a transpose).
+  valid:         [B, S_max] bool, True where a slot holds a real token (a
+                 prompt's padding slots stay False and are never attended).
+  index:         int32 scalar, the next slot to write (same for the batch).
+  cross_keys, cross_values: per decoder layer, [B, K, S, H]: the encoder
+                 memory projected once per source (empty for decoder-only).
+  memory_mask:   [B, S] bool source padding mask (None for decoder-only).
+  """
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+  valid: Array
+  index: Array
+  cross_keys: tuple[Array, ...] = ()
+  cross_values: tuple[Array, ...] = ()
+  memory_mask: Array | None = None
+
+  @property
+  def max_len(self) -> int:
+    return self.valid.shape[1]
+
+
+def cache_layout(kv: Array) -> Array:
+  """Keys or values [B, S, K, H] as the cache holds them: [B, K, S, H]."""
+  return kv.transpose(0, 2, 1, 3)
+
+
+def check_room(cache: KVCache, new_tokens: int) -> None:
+  """Refuses writing new_tokens into cache slots past its last one.
+
+  The write itself (``dynamic_update_slice``) would clamp its start and
+  silently overwrite the last slots. A concrete index (an eager call) is
+  checked here, raising ValueError. A traced one (under jit) cannot be
+  read while tracing: its check is a ``checkify.debug_check``, which
+  raises only under ``jax.experimental.checkify.checkify`` and is dropped
+  otherwise, leaving ``cache.index > cache.max_len`` in the returned cache
+  for the next eager call to refuse.
+  """
+  room = cache.max_len
+  traced = isinstance(cache.index, jax.core.Tracer)
+  # 0 is the least a traced index can be: too many tokens fit from nowhere.
+  start = 0 if traced else int(cache.index)
+  if start + new_tokens > room:
+    where = 'any slot' if traced else f'slot {start}'
+    raise ValueError(f'{new_tokens} new tokens from {where} run past a KV '
+                     f'cache of {room} slots; make the cache with max_len >= '
+                     f'{start + new_tokens}.')
+  if traced:
+    checkify.debug_check(
+        cache.index + new_tokens <= room,
+        f'{new_tokens} new tokens from slot {{}} run past a KV cache of '
+        f'{room} slots.', cache.index)
+
+
+def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
+  """Writes new [B, T, K, H] into cache_kv [B, K, S_max, H] at slot index
+  (only the T new rows move)."""
+  return jax.lax.dynamic_update_slice_in_dim(
+      cache_kv, cache_layout(new).astype(cache_kv.dtype), index, axis=2)
+
+
+def cached_context(q: Array, k: Array, v: Array, mask: Array | None
+                   ) -> Array:
+  """softmax(q k^T / sqrt(H)) v over keys and values laid out as the cache
+  holds them.
+
+  q [B, T, N, H], k and v [B, K, S, H], mask bool broadcastable to
+  [B, 1, T, S] -> [B, T, N, H]. With S after K, both products are plain
+  batched matmuls over (B, K): a [B, S, K, H] cache costs XLA a transpose
+  of every layer's whole cache per decoded token. The arithmetic is that
+  of jax.nn.dot_product_attention's XLA path (scale after the product,
+  softmax in float32, probabilities in the values' dtype).
+  """
+  b, t, n, h = q.shape
+  groups = n // k.shape[1]
+  q = q.reshape(b, t, k.shape[1], groups, h)
+  scores = jnp.einsum('BTKGH,BKSH->BKGTS', q, k,
+                      preferred_element_type=jnp.float32)
+  scores = scores * jnp.float32(1.0 / np.sqrt(h))
+  if mask is not None:
+    scores = jnp.where(mask[:, :, None], scores,
+                       jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  ctx = jnp.einsum('BKGTS,BKSH->BTKGH', probs, v)
+  return ctx.reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with K <= N key/value heads (GQA when K < N).
+
+  Kernels: query [D, N, H], key/value [D, K, H], out [N, H, D]; biases as
+  nn.MultiheadAttention's in_proj_bias/out_proj.bias when config.use_bias.
+  """
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, rotary: bool):
+    self.config = config
+    self.rotary = rotary
+    d, n, k, h = (config.d_model, config.num_heads, config.kv_heads,
+                  config.head_dim)
+    dtype = config.params_dtype
+    init = nnx.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2))
+    self.query = param(rngs, init, (d, n, h), ('embed', 'heads', 'head_dim'),
+                       dtype)
+    self.key = param(rngs, init, (d, k, h), ('embed', 'kv_heads', 'head_dim'),
+                     dtype)
+    self.value = param(rngs, init, (d, k, h),
+                       ('embed', 'kv_heads', 'head_dim'), dtype)
+    out_init = nnx.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
+    self.out = param(rngs, out_init, (n, h, d),
+                     ('heads', 'head_dim', 'embed'), dtype)
+    if config.use_bias:
+      zeros = nnx.initializers.zeros
+      self.query_bias = param(rngs, zeros, (n, h), ('heads', 'head_dim'),
+                              dtype)
+      self.key_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
+                            dtype)
+      self.value_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
+                              dtype)
+      self.out_bias = param(rngs, zeros, (d,), ('embed',), dtype)
+
+  def _project(self, x: Array, kernel: str, positions: Array | None):
+    dtype = self.config.compute_dtype
+    y = jnp.einsum('BTD,DNH->BTNH', x.astype(dtype),
+                   getattr(self, kernel)[...].astype(dtype))
+    if self.config.use_bias:
+      y = y + getattr(self, kernel + '_bias')[...].astype(dtype)
+    if self.rotary and kernel != 'value':
+      if positions is None:
+        raise ValueError('Rotary attention needs positions [B, T].')
+      y = rotate(y, positions, self.config.rope_base)
+    heads = 'heads' if kernel == 'query' else 'kv_heads'
+    return constrain(y, ('batch', 'length', heads, 'head_dim'))
+
+  def project_query(self, x: Array, positions: Array | None = None) -> Array:
+    """x [B, T, D] -> queries [B, T, N, H] (rotated when rotary)."""
+    return self._project(x, 'query', positions)
+
+  def project_kv(self, x: Array, positions: Array | None = None):
+    """x [B, S, D] -> (keys, values), each [B, S, K, H]."""
+    return (self._project(x, 'key', positions),
+            self._project(x, 'value', positions))
+
+  def attend(self, q: Array, k: Array, v: Array, mask: Mask | Array | None,
+             rngs: nnx.Rngs | None = None, deterministic: bool = True):
+    """softmax(q k^T / sqrt(H)) v, then the output projection.
+
+    q [B, T, N, H], k and v [B, S, K, H], mask a Mask or a bool array
+    broadcastable to [B, N, T, S] -> [B, T, D].
+    """
+    rate = self.config.attention_dropout_rate
+    mask = as_mask(mask)
+    if deterministic or rate == 0.0:
+      ctx = jax.nn.dot_product_attention(
+          q, k, v, **attention_args(mask),
+          implementation=implementation(self.config, q.dtype))
+    else:
+      ctx = self._attend_with_dropout(
+          q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)
+    return self._output(ctx)
+
+  def attend_cache(self, q: Array, k: Array, v: Array,
+                   mask: Array | None) -> Array:
+    """Like :meth:`attend` (deterministic) over a cache's keys and values
+    [B, K, S, H] (see :func:`cached_context`) -> [B, T, D]."""
+    return self._output(cached_context(q, k, v, mask))
+
+  def _output(self, ctx: Array) -> Array:
+    """The output projection: ctx [B, T, N, H] -> [B, T, D]."""
+    ctx = constrain(ctx, ('batch', 'length', 'heads', 'head_dim'))
+    dtype = self.config.compute_dtype
+    y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),
+                   self.out[...].astype(dtype))
+    if self.config.use_bias:
+      y = y + self.out_bias[...].astype(dtype)
+    return y
+
+  def _attend_with_dropout(self, q, k, v, mask, rate, rngs):
+    """The explicit path, needed because the fused kernel has no dropout."""
+    weights = dropout(attention_weights(q, k, mask), rate, rngs, False,
+                      self.config.dropout_rng)
+    v = jnp.repeat(v, q.shape[2] // v.shape[2], axis=2)
+    return jnp.einsum('BNTS,BSNH->BTNH', weights.astype(v.dtype), v)
+
+  def __call__(self, x: Array, mask: Array | None = None,
+               positions: Array | None = None, rngs: nnx.Rngs | None = None,
+               deterministic: bool = True) -> Array:
+    """Self-attention without a cache: x [B, T, D] -> [B, T, D]."""
+    k, v = self.project_kv(x, positions)
+    return self.attend(self.project_query(x, positions), k, v, mask, rngs,
+                       deterministic)

@@ -1,0 +1,330 @@
+"""Orbax checkpoints of the train state, plus the files saved beside them.
+
+A workdir holds:
+  checkpoints/<step>/  params, train (opt_state, step, rng), data (iterator
+                       state, JSON) as Orbax items
+  config.json          the experiment config
+  tokenizer/           the tokenizer the model was trained with
+  tokenizer.sha256     its fingerprint, written once tokenizer/ is whole
+
+Every function takes the workdir as ``runtime.workdir.WorkdirPaths`` (a
+string is resolved on entry), local or in object storage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
+
+from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
+from jax_transformer.errors import UsageError
+from jax_transformer.model.params import is_scanned, to_layout
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+
+
+class CheckpointMismatch(UsageError):
+  """A readable checkpoint whose arrays do not fit this run's config (a
+  changed model), as opposed to one a torn write left unreadable."""
+
+
+class SaveFailed(RuntimeError):
+  """A checkpoint write failed (raised at the first check after it)."""
+
+
+class Checkpointer:
+  """Saves every N steps (async), keeps the last K, restores any mesh."""
+
+  def __init__(self, workdir: str | WorkdirPaths, keep: int = 3,
+               async_save: bool = True):
+    self.manager = ocp.CheckpointManager(
+        resolve(workdir).checkpoints,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=async_save,
+            create=True,
+            # Temporary step folders a killed save left behind.
+            cleanup_tmp_directories=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, state: dict[str, Any], data_state: Any) -> None:
+    """Saves the state and every process's data-iterator state (all
+    processes call this together)."""
+    step = int(jax.device_get(state['step']))
+    train = {k: v for k, v in state.items() if k != 'params'}
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state['params']),
+        train=ocp.args.StandardSave(train),
+        data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
+                      force=True)
+
+  def saved_scanned(self, step: int) -> bool:
+    """Whether the checkpoint at step holds its layers scanned (stacked)."""
+    return is_scanned(self._saved_params(step).keys())
+
+  def _saved_params(self, step: int) -> dict[str, Any]:
+    """The checkpoint's parameter metadata (names to shape and dtype)."""
+    path = self.manager.directory / str(step) / 'params'
+    # The handler reads the tree's metadata without looking for a step-level
+    # metadata file (which StandardCheckpointer warns is missing).
+    return ocp.StandardCheckpointHandler().metadata(path)
+
+  def check_fits(self, abstract_params: dict[str, Any], step: int) -> None:
+    """Raises CheckpointMismatch naming the first parameter whose saved
+    shape differs from abstract_params' (in the checkpoint's layout)."""
+    differ = _first_difference(self._saved_params(step), abstract_params)
+    if differ:
+      name, have, want = differ
+      raise CheckpointMismatch(
+          f'Checkpoint step {step} in {self.manager.directory} holds '
+          f'{name} with shape {have}, this config builds {want}: the model '
+          'config changed; use the config it was trained with or a new '
+          '--workdir.')
+
+  def check_optimizer_fits(self, abstract_train: dict[str, Any], step: int
+                           ) -> None:
+    """Raises CheckpointMismatch naming the first optimizer-state entry
+    that the checkpoint and abstract_train (the state less params) do not
+    both hold with one shape."""
+    path = self.manager.directory / str(step) / 'train'
+    # The handler, not StandardCheckpointer: see _saved_params.
+    saved = ocp.StandardCheckpointHandler().metadata(path)
+    differ = _first_difference(
+        {'.'.join(k): v for k, v in ocp.tree.to_flat_dict(saved).items()},
+        {'.'.join(k): v for k, v in
+         ocp.tree.to_flat_dict(abstract_train).items()})
+    if differ:
+      name, have, want = differ
+      if have is None:
+        held = f'lacks {name}, which this config builds with shape {want}'
+      elif want is None:
+        held = f'holds {name}, which this config does not build'
+      else:
+        held = f'holds {name} with shape {have}, this config builds {want}'
+      raise CheckpointMismatch(
+          f'Checkpoint step {step} in {self.manager.directory} {held}: the '
+          'optimizer state changed '
+          '(optim.optimizer, clip_norm on or off, grad_accum_steps above 1 '
+          'or not, or a version before per-token accumulation); resume with '
+          'the config it was trained with or use a new --workdir.')
+
+  def _other_layout(self, abstract: Any, step: int):
+    """(abstract as the checkpoint lays its layers out, a function from
+    what is restored to abstract's layout and shardings)."""
+    scan = is_scanned(_param_names(abstract))
+    saved = self.saved_scanned(step)
+    if saved == scan:
+      return abstract, lambda tree: tree
+    shardings = jax.tree.map(lambda x: x.sharding, abstract)
+    convert = jax.jit(lambda tree: to_layout(tree, scan),
+                      out_shardings=shardings)
+    return to_layout(abstract, saved), convert
+
+  def restore(self, abstract_state: dict[str, Any],
+              step: int | None = None) -> tuple[dict[str, Any], Any]:
+    """The state (placed as abstract_state's shardings) and data state.
+
+    A checkpoint written with the other layer layout (scan_layers) is
+    converted to abstract_state's. Without ``step``, a checkpoint that
+    cannot be read (a torn write, a truncated or emptied file) is skipped,
+    with a warning naming it and why, for the newest one that can; if none
+    can, the newest one's error is raised.
+    """
+    if step is not None:
+      return self._restore_step(abstract_state, step)
+    errors = []
+    for candidate in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self._restore_step(abstract_state, candidate)
+      except CheckpointMismatch:
+        raise  # readable but another model: older steps would not fit either
+      except Exception as err:  # pylint: disable=broad-except
+        errors.append((candidate, err))
+        continue
+      for skipped, err in errors:
+        logging.warning('Skipped checkpoint step %d, which could not be '
+                        'read (%s); resuming from step %d.', skipped,
+                        _first_line(err), candidate)
+      return restored
+    if errors:
+      raise errors[0][1]
+    raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint.')
+
+  def _restore_step(self, abstract_state: dict[str, Any], step: int
+                    ) -> tuple[dict[str, Any], Any]:
+    abstract_state, convert = self._other_layout(abstract_state, step)
+    self.check_fits(abstract_state['params'], step)
+    train = {k: v for k, v in abstract_state.items() if k != 'params'}
+    self.check_optimizer_fits(train, step)
+    try:
+      got = self.manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract_state['params']),
+          train=ocp.args.StandardRestore(train),
+          data=ocp.args.JsonRestore()))
+    except (ValueError, KeyError, TypeError) as err:
+      raise ValueError(
+          f'Checkpoint at step {step} in {self.manager.directory} does not '
+          f'match this model/optimizer config: {err}') from err
+    state = convert(dict(got['train'], params=got['params']))
+    return state, _own_data_state(got['data']['processes'])
+
+  def restore_params(self, abstract_params: dict[str, Any],
+                     step: int | None = None) -> dict[str, Any]:
+    """Only the parameters (for inference), placed as abstract_params."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint '
+                              'yet.')
+    abstract_params, convert = self._other_layout(abstract_params, step)
+    self.check_fits(abstract_params, step)
+    return convert(self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))['params'])
+
+  def check_errors(self) -> None:
+    """Raises SaveFailed if a background save has failed (cheap: call it
+    every step, so a failed write stops the run at once rather than at the
+    next save)."""
+    if not self.manager.is_saving_in_progress():
+      self.wait()  # returns at once; raises what the finished save raised
+
+  def wait(self) -> None:
+    """Waits for a save in flight; raises SaveFailed if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as err:  # pylint: disable=broad-except
+      raise self._failed(err) from err
+
+  def _failed(self, err: BaseException) -> SaveFailed:
+    return SaveFailed(
+        f'Writing a checkpoint to {self.manager.directory} failed '
+        f'({_first_line(err)}); check the disk (space, permissions), then '
+        'rerun to resume from the newest complete checkpoint.')
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def _first_difference(saved: dict[str, Any], wanted: dict[str, Any]):
+  """(name, saved shape, wanted shape) for the first name, in sorted order,
+  whose shapes differ or that only one side holds (None on the other), or
+  None: both map names to arrays or array metadata."""
+  for name in sorted(set(saved) | set(wanted)):
+    have = tuple(saved[name].shape) if name in saved else None
+    want = tuple(wanted[name].shape) if name in wanted else None
+    if have != want:
+      return name, have, want
+  return None
+
+
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip()
+  return f'{type(err).__name__}: {text.splitlines()[0] if text else ""}'
+
+
+def _param_names(tree: Any) -> list[str]:
+  """The parameter names in a state or params dict."""
+  return list(tree['params'] if 'params' in tree else tree)
+
+
+def _gather_json(value: Any) -> list[Any]:
+  """Every process's JSON-able value, in process order (a collective).
+
+  Only process 0 writes JSON items, and each host's iterator is at its own
+  position (packing makes them differ), so all positions are saved.
+  """
+  if jax.process_count() == 1:
+    return [value]
+  blob = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  lengths = multihost_utils.process_allgather(np.int32(blob.size))
+  padded = np.zeros(int(lengths.max()), np.uint8)
+  padded[:blob.size] = blob
+  blobs = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(b[:n])) for b, n in zip(blobs, lengths)]
+
+
+def _own_data_state(states: list[Any]) -> Any:
+  """This process's saved iterator state."""
+  if len(states) != jax.process_count():
+    # Another number of hosts reads other shards: positions do not map.
+    logging.warning('Checkpoint has data positions for %d processes, this run '
+                    'has %d: process %d continues from saved process %d\'s.',
+                    len(states), jax.process_count(), jax.process_index(),
+                    jax.process_index() % len(states))
+  return states[jax.process_index() % len(states)]
+
+
+def save_side_files(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+                    tokenizer) -> None:
+  """config.json, and once tokenizer/ with its fingerprint, beside the
+  checkpoints (process 0 only; ``tokenizer`` from ``run_tokenizer``)."""
+  paths = resolve(workdir)
+  paths.root.mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(paths.config, cfg.to_json(indent=2, sort_keys=True))
+  if paths.fingerprint.exists() and paths.tokenizer.exists():
+    return  # a resumed model keeps its vocabulary
+  tokenizer_dir = paths.tokenizer
+  if tokenizer_dir.exists():
+    tokenizer_dir.rmtree()  # an attempt killed mid-write, or an old layout
+  tokenizer.save(tokenizer_dir)
+  # Written last: the fingerprint says tokenizer/ is whole (object stores
+  # have no atomic folder rename).
+  storage.write_atomic(paths.fingerprint, fingerprint(tokenizer) + '\n')
+
+
+def run_tokenizer(workdir: str | WorkdirPaths, prepared, has_checkpoint: bool):
+  """The tokenizer a run trains with: the workdir's, checked against its
+  fingerprint, or for a new run the prepared data's.
+
+  Raises UsageError where the checkpoints' tokenizer is lost or changed:
+  tokenizer/ edited after its fingerprint was written, or missing while
+  checkpoints exist and the data's tokenizer is not the one recorded.
+  """
+  paths = resolve(workdir)
+  saved_dir, marker = paths.tokenizer, paths.fingerprint
+  recorded = marker.read_text().strip() if marker.exists() else None
+  saved = _try_load_tokenizer(saved_dir)
+  if saved is not None and recorded in (None, fingerprint(saved)):
+    if fingerprint(saved) != fingerprint(prepared):
+      logging.warning('Training with %s (the checkpoints\' tokenizer); the '
+                      'data directory\'s tokenizer differs.', saved_dir)
+    return saved
+  if saved is not None:
+    raise UsageError(f'{saved_dir} no longer matches its fingerprint in '
+                     f'{marker}: it was changed after training started; put '
+                     'the original back or use a new --workdir.')
+  if not has_checkpoint or recorded == fingerprint(prepared):
+    return prepared
+  data = ('differs from the recorded one' if recorded
+          else 'cannot be checked against it (no fingerprint)')
+  raise UsageError(
+      f'{workdir} holds checkpoints but not the tokenizer they were trained '
+      f'with ({saved_dir} is missing or unreadable), and the data '
+      f'directory\'s tokenizer {data}; restore tokenizer/ or use a new '
+      '--workdir.')
+
+
+def _try_load_tokenizer(directory):
+  """The tokenizer saved in directory, or None where there is none whole."""
+  if not directory.exists():
+    return None
+  try:
+    return load_tokenizer(directory)
+  except (OSError, ValueError, KeyError, RuntimeError):
+    return None
+
+
+def load_config(workdir: str | WorkdirPaths
+                ) -> ml_collections.ConfigDict | None:
+  """The workdir's config.json, or None where it has none."""
+  path = resolve(workdir).config
+  if not path.exists():
+    return None
+  return ml_collections.ConfigDict(json.loads(path.read_text()))

@@ -1,0 +1,165 @@
+"""What experiment configs share: the base fields, the paper's recipe,
+GPT-2 small's recipe and the scale-up helper.
+
+Each file in ``configs/`` builds its ``ml_collections.ConfigDict`` from
+these and imports nothing but ``jax_transformer``, so it loads by path from
+any working directory. ``config.model``'s fields and their defaults come
+from :class:`~jax_transformer.model.config.ModelConfig` (one home for each
+default); a recipe names only what it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ml_collections import ConfigDict, config_dict
+
+from jax_transformer.model.config import ModelConfig
+
+# Fields that may stay unset in an experiment: vocab_size None means the
+# tokenizer's; num_kv_heads None means num_heads.
+_UNSET_BY_DEFAULT = {'vocab_size': int, 'num_kv_heads': int}
+
+
+def optional(kind: type) -> config_dict.FieldReference:
+  """A field that is None by default and still settable from the command
+  line (``--config.data.data_dir=...``)."""
+  return config_dict.placeholder(kind)
+
+
+def model_fields(preset: Callable[..., ModelConfig] = ModelConfig,
+                 **overrides) -> ConfigDict:
+  """Every ModelConfig field, from ``preset(**overrides)``, as a ConfigDict.
+
+  The values are checked now (a bad recipe fails when its config loads).
+  ``vocab_size`` stays None (the tokenizer's) unless given.
+  """
+  values = dataclasses.asdict(preset(**overrides))
+  for name, kind in _UNSET_BY_DEFAULT.items():
+    if name not in overrides:
+      values[name] = optional(kind)
+  return ConfigDict(values)
+
+
+def small_lm(**overrides) -> ModelConfig:
+  """The default decoder-only LM: pre-norm, rotary positions, GELU, no
+  biases, a tied head, dropout on residuals only."""
+  fields = dict(d_model=128, num_heads=4, num_encoder_layers=0,
+                num_decoder_layers=4, d_ff=512, attention_dropout_rate=0.0,
+                activation='gelu', norm_first=True, positional='rotary',
+                max_len=256, scale_embeddings=False, use_bias=False)
+  return ModelConfig(**{**fields, **overrides})
+
+
+def paper_model(**overrides) -> ConfigDict:
+  """The paper's encoder-decoder (ModelConfig's defaults: post-norm, ReLU,
+  sinusoidal positions, embeddings scaled by sqrt(d_model), biases)."""
+  return model_fields(ModelConfig, **overrides)
+
+
+def base_config() -> ConfigDict:
+  """Fields every experiment has; experiment files override them."""
+  c = ConfigDict()
+  c.model_kind = 'decoder_lm'
+  c.model = model_fields(small_lm)
+  c.vocab_multiple = 8
+  c.data = ConfigDict(dict(
+      name='shakespeare', data_dir=optional(str), direction=optional(str),
+      pack=False, src_len=optional(int), tokenizer=optional(str),
+      vocab_size=optional(int), spm_model_type='unigram',
+      train_split='train', eval_split='validation',
+      builder_kwargs=optional(dict)))
+  c.seq_len = 128
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  c.num_steps = 600
+  c.log_every = 50
+  c.eval_every = 200
+  c.eval_steps = optional(int)  # unset: the whole validation split
+  # Translation: greedy BLEU on this many validation sentences at each eval.
+  c.eval_bleu_examples = 0
+  c.checkpoint_every = 200
+  # Peak FLOP/s of one device in TFLOP/s, for MFU in the logs; unset: built
+  # in for H100/H200/A100/TPU v4-v6 (bf16 dense), no MFU on CPUs.
+  c.peak_tflops = optional(float)
+  # Memory of one device in GB (10^9 bytes): a run whose train step needs
+  # more is refused before its first step. Unset: built in for H100/H200/
+  # A100/TPU v4-v6 (vendor figures); on CPUs only reported, never refused.
+  c.device_memory_gb = optional(float)
+  # Tokens per chunk of the output head and loss (0: all at once). Chunked,
+  # float32 logits [B, T, V] never exist in the step: set it (e.g. 4096)
+  # when the vocabulary is large.
+  c.loss_chunk_size = 0
+  c.keep_checkpoints = 3
+  c.seed = 0
+  c.optim = ConfigDict(dict(
+      optimizer='adamw', schedule='warmup_cosine', learning_rate=2e-3,
+      warmup_steps=50, final_lr_fraction=0.1, lr_scale=1.0, b1=0.9, b2=0.98,
+      eps=1e-9, weight_decay=0.1, clip_norm=1.0, grad_accum_steps=1,
+      label_smoothing=0.0, z_loss=0.0,
+      # Updates with a non-finite loss or gradient norm are skipped (params
+      # and optimizer state kept); training stops at the first (0) or after
+      # this many in a row.
+      max_skipped_updates=0))
+  c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.sample = ConfigDict(dict(enabled=True, prompt='ROMEO:', max_new_tokens=200,
+                             temperature=0.8, top_k=40))
+  return c
+
+
+def paper_translation(c: ConfigDict, warmup_steps: int) -> ConfigDict:
+  """The paper's training recipe on an encoder-decoder config: Adam(0.9,
+  0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1."""
+  c.model_kind = 'encoder_decoder'
+  c.optim.update(optimizer='adam', schedule='rsqrt',
+                 warmup_steps=warmup_steps, lr_scale=1.0, b1=0.9, b2=0.98,
+                 eps=1e-9, weight_decay=0.0, clip_norm=0.0,
+                 label_smoothing=0.1)
+  c.sample.temperature = 0.0
+  c.eval_bleu_examples = 256
+  return c
+
+
+def gpt2_recipe(preset: str | None = None) -> ConfigDict:
+  """GPT-2 small on lm1b (``configs/gpt2_small.py``); preset 'shakespeare'
+  puts the same model on the offline plays, byte-level."""
+  c = base_config()
+  c.model = model_fields(
+      small_lm, d_model=768, num_heads=12, num_decoder_layers=12, d_ff=3072,
+      dropout_rate=0.1, attention_dropout_rate=0.0, activation='gelu_tanh',
+      positional='learned', max_len=1024, use_bias=True, dtype='bfloat16')
+  c.vocab_multiple = 128
+  c.data.update(name='lm1b', tokenizer='sentencepiece', vocab_size=32768,
+                pack=True, eval_split='test')
+  c.seq_len = 1024
+  c.batch_size = c.eval_batch_size = 64
+  c.num_steps = 100_000
+  c.log_every = 100
+  c.eval_every = 5000
+  c.checkpoint_every = 2000
+  c.optim.update(optimizer='adamw', schedule='warmup_cosine',
+                 learning_rate=6e-4, warmup_steps=2000, b1=0.9, b2=0.95,
+                 eps=1e-8, weight_decay=0.1, clip_norm=1.0)
+  c.sample.prompt = 'The'
+  if preset == 'shakespeare':
+    c.data.update(name='shakespeare', tokenizer=None, vocab_size=None,
+                  pack=False, eval_split='validation')
+    c.seq_len = 256
+    c.batch_size = c.eval_batch_size = 16
+    c.num_steps = 5000
+    c.sample.prompt = 'ROMEO:'
+  elif preset:
+    raise ValueError(f'Unknown preset {preset!r}; choose shakespeare or '
+                     'none.')
+  return c
+
+
+def scale_up(c: ConfigDict, **model) -> ConfigDict:
+  """A recipe at another size, with the options that make a large model
+  fit and compile (docs/scaling.md): scanned layers, remat of all but
+  matmul outputs, no dropout, a chunked loss and FSDP over all devices."""
+  c.model.update(**model, scan_layers=True, remat='dots', dropout_rate=0.0)
+  c.loss_chunk_size = 8192
+  c.mesh.update(data=1, fsdp=-1, tensor=1)
+  return c

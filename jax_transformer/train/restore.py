@@ -1,0 +1,234 @@
+"""A training workdir opened for inference: its config, tokenizer, model
+definition and parameters (one checkpoint, or the average of several as in
+the paper), placed on a mesh.
+
+Sits above ``checkpoint`` and ``experiment``: scripts that score, decode or
+export a trained model start here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
+
+from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
+from jax_transformer.errors import UsageError
+from jax_transformer.model import sharding
+from jax_transformer.runtime.workdir import CONFIG_FILE, TOKENIZER_DIR, WorkdirPaths, resolve
+from jax_transformer.train import checkpoint, experiment
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workdir:
+  """What a training directory holds, before any parameters are read.
+
+  ``path`` is the workdir as given (for messages); ``paths`` says where its
+  files are (resolved once, when it was opened).
+  """
+  path: str
+  paths: WorkdirPaths
+  config: ml_collections.ConfigDict
+  tokenizer: Any
+  setup: experiment.Setup
+  steps: tuple[int, ...]  # checkpointed steps, ascending
+
+  def model(self, params):
+    return self.setup.model_def.merge(params)
+
+
+def open_workdir(location: str | WorkdirPaths) -> Workdir:
+  """Reads config.json and tokenizer/ and lists the checkpoints.
+
+  Raises UsageError with one sentence when path is not a training
+  directory, its config.json or tokenizer cannot be read or do not go
+  together, or it holds no checkpoint.
+  """
+  paths = resolve(location)
+  path = str(paths)
+  if not paths.root.is_dir():
+    raise UsageError(f'{path} is not a directory; give a training workdir.')
+  try:
+    cfg = checkpoint.load_config(paths)
+  except ValueError as e:  # json.JSONDecodeError
+    raise UsageError(f'{path}/{CONFIG_FILE} is not valid JSON '
+                     f'({e}); restore it from the training run.') from None
+  if cfg is None:
+    raise UsageError(f'{path} has no {CONFIG_FILE}: not a '
+                     'training workdir (train.py writes one).')
+  tokenizer = _tokenizer(paths)
+  setup = experiment.setup(cfg, tokenizer.vocab_size)
+  checkpointer = checkpoint.Checkpointer(paths, async_save=False)
+  try:
+    steps = tuple(sorted(checkpointer.manager.all_steps()))
+  finally:
+    checkpointer.close()
+  if not steps:
+    raise UsageError(f'{path} holds no checkpoint yet; train it first.')
+  return Workdir(path, paths, cfg, tokenizer, setup, steps)
+
+
+def _tokenizer(paths: WorkdirPaths):
+  """The tokenizer saved in the workdir (UsageError if absent)."""
+  directory = paths.tokenizer
+  if not directory.is_dir():
+    raise UsageError(f'{paths} has no {TOKENIZER_DIR}/ directory: '
+                     'the tokenizer it was trained with is missing; restore '
+                     'it from the training run.')
+  try:
+    tokenizer = load_tokenizer(directory)
+  except (OSError, ValueError, KeyError, RuntimeError) as e:
+    raise UsageError(f'{directory} cannot be read as a tokenizer '
+                     f'({_first_line(e)}); restore it from the training '
+                     'run.') from None
+  marker = paths.fingerprint
+  if marker.exists():
+    if marker.read_text().strip() != fingerprint(tokenizer):
+      raise UsageError(f'{directory} no longer matches its fingerprint in '
+                       f'{marker}: it was changed after training; restore '
+                       'the tokenizer the model was trained with.')
+  return tokenizer
+
+
+def choose_steps(workdir: Workdir, step: int | None = None,
+                 average_last: int = 1) -> list[int]:
+  """The checkpoint steps to read: ``step`` (default the latest) and the
+  ``average_last - 1`` checkpoints before it."""
+  if average_last < 1:
+    raise UsageError(f'--average_last must be at least 1, got {average_last}.')
+  if step is None:
+    step = workdir.steps[-1]
+  if step not in workdir.steps:
+    raise UsageError(f'{workdir.path} has no checkpoint at step {step}; it '
+                     f'has steps {list(workdir.steps)}.')
+  upto = [s for s in workdir.steps if s <= step]
+  if len(upto) < average_last:
+    raise UsageError(f'Cannot average the last {average_last} checkpoints up '
+                     f'to step {step}: {workdir.path} keeps only {upto}.')
+  return upto[-average_last:]
+
+
+def param_shardings(workdir: Workdir, mesh) -> dict[str, NamedSharding]:
+  """The training run's parameter shardings on ``mesh``."""
+  specs = sharding.param_specs(workdir.setup.model_def.logical_axes)
+  return {k: NamedSharding(mesh, specs[k]) for k in specs}
+
+
+_EARLIER = 'use an earlier one (--step N, or move this one aside)'
+
+
+def check_readable(workdir: Workdir, step: int) -> None:
+  """Raises UsageError when the checkpoint at step has no readable list of
+  its parameters (a torn or corrupt write). Their shapes are checked
+  against the config by ``Checkpointer.restore_params``."""
+  path = workdir.paths.checkpoint(step) / 'params'
+  try:
+    ocp.StandardCheckpointHandler().metadata(path)
+  except (OSError, ValueError) as e:  # missing, or not JSON
+    raise UsageError(f'Checkpoint step {step} in {workdir.path} has no '
+                     f'readable list of parameters ({_first_line(e)}): it is '
+                     f'torn or corrupt; {_EARLIER}.') from None
+
+
+def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
+             abstract: dict[str, jax.ShapeDtypeStruct], step: int
+             ) -> dict[str, jax.Array]:
+  check_readable(workdir, step)
+  try:
+    return checkpointer.restore_params(abstract, step)
+  except UsageError:  # a checkpoint of another model (CheckpointMismatch)
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    # Names and shapes fit, so what fails here is reading the arrays'
+    # bytes. Orbax reports that as a bare Exception whose first cause says
+    # which file and why.
+    cause = e
+    while cause.__cause__ is not None:
+      cause = cause.__cause__
+    raise UsageError(f'Checkpoint step {step} in {workdir.path} cannot be '
+                     f'read ({_first_line(cause)}): it is torn or corrupt; '
+                     f'{_EARLIER}.') from e
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return f'{type(error).__name__}: {text.splitlines()[0] if text else ""}'
+
+
+def restore_params(workdir: Workdir, steps: Sequence[int], mesh
+                   ) -> dict[str, jax.Array]:
+  """The parameters of one checkpoint, or their mean over several (summed
+  in float64 on the host, so the order of steps does not matter), placed as
+  in training on ``mesh``. A checkpoint that does not fit the workdir's
+  config or cannot be read raises UsageError."""
+  shardings = param_shardings(workdir, mesh)
+  abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])
+              for k, v in workdir.setup.abstract_params.items()}
+  checkpointer = checkpoint.Checkpointer(workdir.paths, async_save=False)
+  try:
+    if len(steps) == 1:
+      return _restore(checkpointer, workdir, abstract, steps[0])
+    total = None
+    for step in steps:
+      params = jax.device_get(_restore(checkpointer, workdir, abstract, step))
+      params = {k: np.asarray(v, np.float64) for k, v in params.items()}
+      total = params if total is None else {
+          k: total[k] + params[k] for k in total}
+  finally:
+    checkpointer.close()
+  mean = {k: (v / len(steps)).astype(abstract[k].dtype)
+          for k, v in total.items()}
+  return {k: jax.device_put(v, shardings[k]) for k, v in mean.items()}
+
+
+def load(path: str | WorkdirPaths, step: int | None = None
+         ) -> tuple[Workdir, dict[str, jax.Array], int]:
+  """(the workdir, the parameters of its checkpoint at ``step`` (default:
+  the latest) on this process's first device, that step), for decoding
+  or export. Bad input raises UsageError (see open_workdir)."""
+  workdir = open_workdir(path)
+  (step,) = choose_steps(workdir, step)
+  mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
+                            jax.local_devices()[:1])
+  return workdir, restore_params(workdir, [step], mesh), step
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Trained:
+  """One checkpoint of a workdir, loaded: the model holding its parameters,
+  the tokenizer and config it was trained with, and its step."""
+  model: Any
+  tokenizer: Any
+  config: ml_collections.ConfigDict
+  step: int
+
+  @property
+  def kind(self) -> str:
+    return self.config.model_kind
+
+
+def load_model(workdir: str | WorkdirPaths, step: int | None = None
+               ) -> Trained:
+  """The checkpoint at ``step`` (default: the latest) of a trained workdir,
+  on this process's first device. Bad input raises UsageError in one
+  sentence (see open_workdir)."""
+  opened, params, step = load(workdir, step)
+  return Trained(opened.model(params), opened.tokenizer, opened.config, step)
+
+
+def load_for_inference(workdir: str | WorkdirPaths, step: int | None = None):
+  """(model, tokenizer) from a trained workdir, on one local device.
+
+  The model is an EncoderDecoder or DecoderLM holding the parameters of
+  the checkpoint at ``step`` (default: the latest); the tokenizer is the
+  one it was trained with. Bad input (no such workdir, no checkpoint, a
+  missing tokenizer, a checkpoint that does not fit config.json or cannot
+  be read) raises ``errors.UsageError`` in one sentence.
+  """
+  trained = load_model(workdir, step)
+  return trained.model, trained.tokenizer

@@ -1,0 +1,142 @@
+"""Pure, jit-able train and eval steps over a flat parameter dict.
+
+The train state is a plain dict pytree, which is also what checkpoints hold:
+  params:    {dotted path: array}
+  opt_state: the Optax state for params
+  step:      int32 scalar, number of steps taken
+  rng:       uint32[2] base key; step s uses fold_in(rng, s) for dropout
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jax_transformer.model.params import ModelDef
+from jax_transformer.train import optim
+from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
+
+Batch = dict[str, jax.Array]
+TrainState = dict[str, Any]
+
+
+def _lengths(segment_ids: jax.Array) -> jax.Array:
+  """Real tokens per right-padded row: segment_ids [B, T] -> [B] int32.
+
+  An empty row (an eval batch's filler) counts one: a row with no key at
+  all is a case fused kernels need not define, and its loss weight is 0.
+  """
+  return jnp.maximum((segment_ids > 0).sum(axis=1, dtype=jnp.int32), 1)
+
+
+def forward(model: nnx.Module, batch: Batch, deterministic: bool,
+            rngs: nnx.Rngs | None = None, packed: bool = True,
+            return_hidden: bool = False):
+  """Logits [B, T, V] (or the hidden states [B, T, D] under the head when
+  return_hidden), targets [B, T] and weights [B, T] for either batch
+  format of ``jax_transformer.data.batching``: LM (``inputs``...) or
+  translation (``src``, ``tgt_in``...).
+
+  packed=False promises one right-padded sequence per row (what the
+  batcher makes without packing): attention then gets per-row lengths,
+  which a fused kernel applies without reading a mask, instead of segments.
+  """
+  def masks(segment_ids):
+    if packed:
+      return {'segment_ids': segment_ids}
+    return {'mask': _lengths(segment_ids), 'segment_ids': None}
+
+  if 'src' in batch:
+    src, tgt = masks(batch['src_segment_ids']), masks(batch['tgt_segment_ids'])
+    out = model(batch['src'], batch['tgt_in'], src.get('mask'),
+                tgt.get('mask'), deterministic=deterministic,
+                src_segment_ids=src['segment_ids'],
+                tgt_segment_ids=tgt['segment_ids'],
+                src_positions=batch['src_positions'],
+                tgt_positions=batch['tgt_positions'], rngs=rngs,
+                return_hidden=return_hidden)
+    return out, batch['tgt_out'], batch['tgt_segment_ids'] > 0
+  lm = masks(batch['segment_ids'])
+  out = model(batch['inputs'], lm.get('mask'), deterministic=deterministic,
+              segment_ids=lm['segment_ids'], positions=batch['positions'],
+              rngs=rngs, return_hidden=return_hidden)
+  return out, batch['targets'], batch['segment_ids'] > 0
+
+
+def loss_sums(model: nnx.Module, batch: Batch, deterministic: bool,
+              rngs: nnx.Rngs | None = None, *, label_smoothing: float = 0.0,
+              z_loss: float = 0.0, packed: bool = True,
+              loss_chunk_size: int = 0) -> dict[str, jax.Array]:
+  """The sums of ``losses.cross_entropy`` for one batch.
+
+  loss_chunk_size > 0: the head and the loss run over chunks of that many
+  tokens (``losses.chunked_cross_entropy``), so float32 [B, T, V] logits
+  never exist; the same sums to float rounding.
+  """
+  if not loss_chunk_size:
+    logits, targets, weights = forward(model, batch, deterministic, rngs,
+                                       packed)
+    return cross_entropy(logits, targets, weights, label_smoothing, z_loss)
+  hidden, targets, weights = forward(model, batch, deterministic, rngs,
+                                     packed, return_hidden=True)
+  return chunked_cross_entropy(
+      hidden, model.head_kernel(), targets, weights, label_smoothing, z_loss,
+      chunk_size=loss_chunk_size, compute_dtype=model.config.compute_dtype)
+
+
+def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
+                    label_smoothing: float = 0.0, z_loss: float = 0.0, *,
+                    packed: bool = True, loss_chunk_size: int = 0
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+  """One optimizer step (or one micro-step under gradient accumulation).
+
+  The metrics are the step's loss sums (``loss_sums``), grad_norm (the
+  norm of this step's gradient of the loss per target token, before
+  clipping: under accumulation, of this micro-batch's alone) and, for an
+  optimizer from ``optim.make_optimizer``, the counters of skipped
+  updates (``optim.SKIP_COUNTERS``). ``tx`` gets the loss sum and the
+  target tokens as the keyword arguments loss and tokens, which
+  ``optim.skip_non_finite`` and ``optim.accumulate_per_token`` read (and
+  any other optimizer ignores).
+  packed and loss_chunk_size: see ``forward`` and ``loss_sums``.
+  """
+  tx = optax.with_extra_args_support(tx)
+
+  def loss_fn(params, batch, key):
+    sums = loss_sums(model_def.merge(params), batch, False,
+                     nnx.Rngs(dropout=key), label_smoothing=label_smoothing,
+                     z_loss=z_loss, packed=packed,
+                     loss_chunk_size=loss_chunk_size)
+    return sums['loss'] / jnp.maximum(sums['tokens'], 1.0), sums
+
+  def train_step(state: TrainState, batch: Batch):
+    key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']),
+                             state['step'])
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state['params'], batch, key)
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'],
+                                   loss=sums['loss'], tokens=sums['tokens'])
+    new_state = dict(state, params=optax.apply_updates(state['params'],
+                                                       updates),
+                     opt_state=opt_state, step=state['step'] + 1)
+    metrics = dict(sums, grad_norm=optax.tree.norm(grads),
+                   **optim.skip_counts(opt_state))
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model_def: ModelDef, *, packed: bool = True,
+                   loss_chunk_size: int = 0
+                   ) -> Callable[[dict, Batch], dict]:
+  """Sums of nll and tokens on one batch (dropout off)."""
+
+  def eval_step(params, batch):
+    sums = loss_sums(model_def.merge(params), batch, True, packed=packed,
+                     loss_chunk_size=loss_chunk_size)
+    return {'nll': sums['nll'], 'tokens': sums['tokens']}
+
+  return eval_step

@@ -1,0 +1,525 @@
+"""The training loop: mesh, sharded init, jitted steps, eval, checkpoints.
+
+Everything impure lives here; the math is in ``steps.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from jax_transformer import data, decoding
+from jax_transformer.decoding import sampling
+from jax_transformer.errors import UsageError
+from jax_transformer.model import sharding
+from jax_transformer.runtime import distributed, storage
+from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+from jax_transformer.train import checkpoint, evaluation, experiment, memory, optim, perf, steps
+from jax_transformer.train.metrics import MetricWriter
+
+
+def log(*args) -> None:
+  if jax.process_index() == 0:
+    print(*args, flush=True)
+
+
+# The exit status of a run stopped by SIGTERM or SIGINT after saving
+# (EX_TEMPFAIL): a restart loop (`until python train.py ...; do :; done`) or
+# a Kubernetes Job sees it as unfinished, where 0 means the run completed.
+EXIT_INTERRUPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preemption:
+  """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop checks after
+  each step: the run saves a checkpoint and stops."""
+
+  def __init__(self):
+    self.requested = None  # the name of the signal that asked to stop
+    self._previous = {s: signal.signal(s, self._handle)
+                      for s in STOP_SIGNALS}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.requested:
+      # A second signal ends a process that cannot reach its next step.
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+    self.requested = signal.Signals(signum).name
+
+  def should_stop(self, step: int, every: int = 10) -> bool:
+    if jax.process_count() == 1:
+      return self.requested
+    # Every process must stop at the same step; agreeing costs a collective,
+    # so hosts compare flags every few steps only.
+    if step % every:
+      return False
+    flags = multihost_utils.process_allgather(np.array(bool(self.requested)))
+    return bool(np.any(flags))
+
+  def restore(self) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+
+def sync(name: str) -> None:
+  """A barrier across processes (nothing to do for one), bounded by
+  --barrier_timeout."""
+  distributed.barrier(name)
+
+
+def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
+  """Builds the dataset once (process 0 first, the others then load it)."""
+  def prepare():
+    return data.prepare(cfg.data.name, cfg.data.get('data_dir'),
+                        tokenizer=cfg.data.get('tokenizer'),
+                        vocab_size=cfg.data.get('vocab_size'),
+                        model_type=cfg.data.get('spm_model_type', 'unigram'),
+                        builder_kwargs=cfg.data.get('builder_kwargs'))
+  if jax.process_count() == 1:
+    return prepare()
+  if jax.process_index() == 0:
+    try:
+      prepared = prepare()
+    except BaseException as err:
+      # The others stop now with the reason, not at --data_timeout.
+      reason = (str(err).strip().splitlines() or [''])[0]
+      distributed.send('data prepared', f'{type(err).__name__}: {reason}')
+      raise
+    distributed.send('data prepared', 'ok')
+    return prepared
+  # Bounded by --data_timeout: building a corpus can take hours.
+  outcome = distributed.receive('data prepared', kind='data')
+  if outcome != 'ok':
+    raise RuntimeError(f'Process 0 could not prepare the dataset ({outcome}),'
+                       f' so process {jax.process_index()} stops too.')
+  return prepare()
+
+
+# Fields that count steps, batches or checkpoints: 0 would divide by zero
+# after the first step or (keep_checkpoints) delete every checkpoint.
+POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
+                   'log_every', 'eval_every', 'checkpoint_every',
+                   'keep_checkpoints')
+
+
+def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
+  """Refuses, in one sentence and before any data preparation, a run
+  field that is not a positive integer."""
+  for name in POSITIVE_FIELDS:
+    value = cfg.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise UsageError(f'config.{name} must be a positive integer, got '
+                       f'{value!r}.')
+  chunk = cfg.get('loss_chunk_size') or 0
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise UsageError('config.loss_chunk_size must be a non-negative integer '
+                     f'(0: the loss over all tokens at once), got {chunk!r}.')
+  if (cfg.get('eval_bleu_examples') or 0) < 0:
+    raise UsageError('config.eval_bleu_examples must be >= 0 (0 turns the '
+                     f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
+  data_dir = cfg.data.get('data_dir')
+  if data_dir and storage.is_remote(data_dir):
+    # TFDS's array_record reader opens local files only.
+    raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
+                     'be on a local or mounted path (object storage works '
+                     'for --workdir).')
+  skips = cfg.optim.get('max_skipped_updates', 0)
+  if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+    raise UsageError('config.optim.max_skipped_updates must be a '
+                     'non-negative integer (0: stop at the first non-finite '
+                     f'step), got {skips!r}.')
+
+
+def check_model_and_mesh(cfg: ml_collections.ConfigDict):
+  """The mesh, after refusing in one sentence a model config or a mesh
+  that cannot work, before any data is prepared (the vocabulary is not
+  known yet: a stand-in size checks everything else)."""
+  experiment.model_class(cfg)
+  experiment.check_lengths(cfg, experiment.model_config(cfg, 1))
+  mesh = sharding.make_mesh(cfg.mesh)
+  sharding.check_batch(cfg.batch_size, mesh)
+  sharding.check_batch(cfg.eval_batch_size, mesh)
+  return mesh
+
+
+# Fields that change how a step computes or where files are, not what the
+# state holds or which examples come next: a run may resume with other
+# values of these (intervals and other top-level fields are not compared).
+RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
+                        'attention_dropout_rate', 'dropout_rng', 'scan_layers',
+                        'remat')
+RUNTIME_DATA_FIELDS = ('data_dir',)
+
+
+def check_resumable(cfg: ml_collections.ConfigDict,
+                    workdir: str | WorkdirPaths) -> None:
+  """Refuses to resume a workdir trained with another model or data."""
+  saved = checkpoint.load_config(workdir)
+  if saved is None:
+    return
+  saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
+  for key, names in (('model', RUNTIME_MODEL_FIELDS),
+                     ('data', RUNTIME_DATA_FIELDS)):
+    for c in (saved, current):
+      for name in names:
+        c.get(key, {}).pop(name, None)
+  for key in ('model_kind', 'model', 'data'):
+    if saved.get(key) != current.get(key):
+      old, new = saved.get(key), current.get(key)
+      fields = (sorted(f for f in set(old) | set(new)
+                       if old.get(f) != new.get(f))
+                if isinstance(old, dict) and isinstance(new, dict) else [])
+      raise UsageError(
+          f'{workdir} holds a run with a different config.{key}'
+          + (f' ({", ".join(fields)})' if fields else '')
+          + '; use a new --workdir or the same config to resume.')
+
+
+def state_shardings(setup: experiment.Setup, mesh, abstract_state):
+  """NamedShardings for the whole train state, planned before any compile."""
+  param_specs = sharding.param_specs(setup.model_def.logical_axes)
+  sharding.check_divisible(
+      {k: v.shape for k, v in setup.abstract_params.items()}, param_specs,
+      mesh)
+  opt_specs = optax.tree_map_params(
+      setup.tx, lambda _, spec: spec, abstract_state['opt_state'],
+      param_specs, transform_non_params=lambda _: PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  specs = {'params': param_specs, 'opt_state': opt_specs,
+           'step': PartitionSpec(), 'rng': PartitionSpec()}
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return shardings, param_specs
+
+
+def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
+             ) -> dict[str, float]:
+  """Loss and perplexity over the validation split (or its first
+  config.eval_steps batches); for translation also greedy BLEU and chrF on
+  its first config.eval_bleu_examples sentences.
+
+  stop(count) -> True (checked between batches) abandons the evaluation:
+  raises evaluation.Interrupted.
+  """
+  metrics = evaluation.loss_metrics(eval_step, params, cfg, tokenizer, mesh,
+                                    max_batches=cfg.get('eval_steps'),
+                                    stop=stop)
+  n = cfg.get('eval_bleu_examples') or 0
+  if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
+    if stop is not None and stop(0):
+      raise evaluation.Interrupted('stopped before the BLEU check')
+    params = multihost_utils.process_allgather(params, tiled=True)
+    metrics.update(evaluation.bleu_metrics(
+        setup.model_def.merge(params), tokenizer, cfg, n,
+        batch_size=cfg.eval_batch_size))
+  return metrics
+
+
+def sample(setup, params, tokenizer, cfg) -> str:
+  """A sample from the trained model (LM: continues config.sample.prompt;
+  translation: translates it), decoded to text."""
+  params = multihost_utils.process_allgather(params, tiled=True)
+  model = setup.model_def.merge(params)
+  s = cfg.sample
+  ids = tokenizer.encode(s.prompt)
+  sampler = sampling.Sampler(s.temperature, s.top_k or None)
+  key = jax.random.key(cfg.seed)
+  if cfg.model_kind == 'encoder_decoder':
+    out = decoding.generate(model, src_ids=[data.translation_source(ids)],
+                            max_new_tokens=s.max_new_tokens, sampler=sampler,
+                            key=key)
+    return tokenizer.decode(decoding.row_tokens(out, 0))
+  stream = data.get_spec(cfg.data.name).lm_mode == 'stream'
+  out = decoding.generate(model, [data.lm_prompt(ids, stream)],
+                          max_new_tokens=s.max_new_tokens, sampler=sampler,
+                          key=key)
+  return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
+
+
+def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
+                   mesh, shardings):
+  """The run's train step, jitted for its state shardings and mesh (the
+  state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
+  that the activation constraints apply."""
+  return jax.jit(
+      steps.make_train_step(setup.model_def, setup.tx,
+                            cfg.optim.label_smoothing, cfg.optim.z_loss,
+                            packed=bool(cfg.data.pack),
+                            loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings, sharding.batch_sharding(mesh)),
+      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+      donate_argnums=0)
+
+
+def check_finite(metrics: dict, step: int, checkpointer,
+                 max_skipped: int = 0) -> None:
+  """Stops training at the first non-finite loss or gradient norm, or with
+  max_skipped > 0 (optim.max_skipped_updates) once that many consecutive
+  updates were skipped for one (``optim.skip_non_finite``).
+
+  metrics: one step's (on the host); step: that step's number, counting
+  from 1. Raises FloatingPointError naming the step and the checkpoint a
+  rerun resumes from; the caller saves nothing after it.
+  """
+  if max_skipped:
+    consecutive = int(metrics['consecutive_skips'])
+    if consecutive < max_skipped:
+      return
+    problem = (f'The {consecutive} steps up to step {step} all had a '
+               'non-finite loss or gradient norm and were skipped '
+               f'(optim.max_skipped_updates={max_skipped}; '
+               f'{int(metrics["skipped_updates"])} skipped since step 0)')
+  else:
+    values = {k: float(metrics[k]) for k in ('loss', 'grad_norm')}
+    if all(np.isfinite(v) for v in values.values()):
+      return
+    problem = (f'Step {step} gave a non-finite loss sum or gradient norm '
+               f'({values})')
+  checkpointer.wait()
+  last = checkpointer.latest_step()
+  where = ('no checkpoint yet' if last is None
+           else f'the last checkpoint is step {last}')
+  raise FloatingPointError(
+      f'{problem}; training stopped without saving it ({where}): lower '
+      'optim.learning_rate or set optim.clip_norm, then rerun to resume.')
+
+
+def _traced_under(mesh, jitted):
+  """jitted, traced with mesh in context, so that the models' activation
+  sharding constraints (``sharding.constrain``) apply."""
+  def call(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return jitted(*args)
+  return call
+
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict,
+                       workdir: str | WorkdirPaths) -> dict[str, Any]:
+  """Trains (resuming from workdir if it holds a checkpoint); returns the
+  last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
+  or SIGINT stopped the run after saving."""
+  main = jax.process_index() == 0
+  # Everything that can be refused is, before any data is prepared (the
+  # same on every process: no agreement needed).
+  check_run_fields(cfg)
+  workdir = resolve(workdir)  # one value from here on: see runtime.workdir
+  root = workdir.root
+  check_resumable(cfg, workdir)
+  mesh = check_model_and_mesh(cfg)
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.fspath(workdir.checkpoints))
+  check_workdir(root, 0, 'workdir writable')
+  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  prepared = prepare_data(cfg)
+  tokenizer = checkpoint.run_tokenizer(
+      workdir, prepared.tokenizer, checkpointer.latest_step() is not None)
+  setup = experiment.setup(cfg, tokenizer.vocab_size)
+
+  abstract_state = setup.abstract_state(cfg.seed)
+  shardings, param_specs = state_shardings(setup, mesh, abstract_state)
+  log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
+                      param_specs, mesh))
+  budget = memory.Budget.of(cfg)
+  footprint = memory.estimate(cfg, setup.model_config, abstract_state,
+                              shardings, mesh)
+  log(memory.preflight(footprint, budget))
+  check_workdir(root, _state_bytes(abstract_state), 'workdir has space')
+  sync('workdir read')  # nobody reads tokenizer/ while process 0 writes it
+  if main:
+    checkpoint.save_side_files(workdir, cfg, tokenizer)
+
+  train_iter = data.make_iterator(cfg.data, cfg.data.get('train_split', 'train'),
+                                  tokenizer,
+                                  batch_size=cfg.batch_size,
+                                  seq_len=cfg.seq_len, seed=cfg.seed)
+  if checkpointer.latest_step() is not None:
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_state, shardings)
+    state, data_state = checkpointer.restore(abstract)
+    train_iter.set_state(data_state)
+    log(f'Resumed from step {int(state["step"])} in {workdir}.')
+  else:
+    state = jax.jit(lambda: setup.init_state(cfg.seed),
+                    out_shardings=shardings)()
+
+  replicated = NamedSharding(mesh, PartitionSpec())
+  batch_sharding = sharding.batch_sharding(mesh)
+  train_step = jit_train_step(cfg, setup, mesh, shardings)
+  # Evaluation batches are never packed (see data.pipeline).
+  eval_step = _traced_under(mesh, jax.jit(
+      steps.make_eval_step(setup.model_def, packed=False,
+                           loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings['params'], batch_sharding),
+      out_shardings=replicated))
+
+  writer = MetricWriter(workdir, enabled=main)
+  preemption = Preemption()
+  step = int(jax.device_get(state['step']))
+  start_step, pending, last = step, [], {}
+  rates = Throughput(cfg, setup.model_config)
+  progress = _progress_bar(step, cfg.num_steps, main)
+  compiled, previous, tick = None, None, 0.0
+  interrupted_eval = False
+  max_skipped = cfg.optim.get('max_skipped_updates', 0)
+  try:
+    while step < cfg.num_steps:
+      batch = data.global_batch(next(train_iter), mesh)
+      if compiled is None:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+          compiled, rates.compile_s = perf.compile_timed(train_step, state,
+                                                         batch)
+        log(f'Compiled the train step in {rates.compile_s:.1f} s.')
+        # Before the first step, so a refusal never follows a new save.
+        log(memory.after_compile(compiled, budget, footprint))
+        # Hosts compile at different speeds, and the first step's
+        # collectives give up on a late host after a fixed while (30 s for
+        # CPU gloo): start it together.
+        sync('train step compiled')
+        tick = time.perf_counter()
+      state, metrics = compiled(state, batch)
+      pending.append(metrics)
+      checkpointer.check_errors()  # a failed background save stops the run
+      if previous is not None:
+        # At most two steps in flight: the bar counts finished steps, and a
+        # signal or a save never waits behind a backlog of dispatches.
+        check_finite(jax.device_get(previous), step, checkpointer,
+                     max_skipped)
+        progress.update(1)
+      previous = metrics
+      step += 1
+      done = step == cfg.num_steps
+      if step % cfg.log_every == 0 or done:
+        sums = jax.device_get(pending)  # waits for the step just dispatched
+        now = time.perf_counter()
+        progress.update(1)
+        previous = None
+        last = _summarise(sums, setup, cfg, step)
+        last.update(rates.row(len(sums), last['target_tokens'], now - tick))
+        pending = []
+        if step % cfg.eval_every == 0 or done:
+          try:
+            last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
+                                 mesh, setup, stop=preemption.should_stop))
+          except evaluation.Interrupted:
+            # Saved below without this evaluation; a resumed run redoes it
+            # at its next eval step.
+            interrupted_eval = True
+          if main and 'eval_loss' in last:
+            bleu = (f', BLEU {last["eval_bleu"]:.2f}' if 'eval_bleu' in last
+                    else '')
+            progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
+                           f'eval loss {last["eval_loss"]:.4f}, perplexity '
+                           f'{last["eval_perplexity"]:.2f}{bleu}')
+        writer.write(step, last)
+        # previous is cleared: the next step will not check this one.
+        check_finite(sums[-1], step, checkpointer, max_skipped)
+        progress.set_postfix(loss=f'{last["loss"]:.3f}',
+                             tok_s=f'{last["tokens_per_s"]:,.0f}')
+        # Evaluation and logging are not training time.
+        tick = time.perf_counter()
+      stop = interrupted_eval or preemption.should_stop(step)
+      if step % cfg.checkpoint_every == 0 or done or stop:
+        # Never save a state a non-finite step produced.
+        check_finite(jax.device_get(metrics), step, checkpointer,
+                     max_skipped)
+        checkpointer.save(state, train_iter.get_state())
+      if stop:
+        last['interrupted'] = preemption.requested or 'another host'
+        log(f'\n{last["interrupted"]}: saved step {step}; exiting to '
+            'resume later.')
+        break
+  finally:
+    progress.close()
+    checkpointer.wait()
+    checkpointer.close()
+    writer.close()
+    preemption.restore()
+  if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
+    log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+  if watchdog:
+    watchdog.stop()
+  return last
+
+
+def check_workdir(root, need_bytes: int, name: str) -> None:
+  """storage.check_writable on every process (each writes its shards of a
+  checkpoint), agreed: where one process cannot write, all stop at once."""
+  who = (f' on process {jax.process_index()}' if jax.process_count() > 1
+         else '')
+  try:
+    storage.check_writable(root, need_bytes, who)
+  except UsageError as err:
+    distributed.all_passed(name, str(err))
+    raise
+  distributed.all_passed(name)
+
+
+def _state_bytes(abstract_state) -> int:
+  """Bytes of the whole train state (about one checkpoint)."""
+  return sum(x.size * x.dtype.itemsize
+             for x in jax.tree.leaves(abstract_state))
+
+
+class Throughput:
+  """Rates over completed steps: step time, tokens/s and, where the
+  device's peak is known (config.peak_tflops, or built in for H100, H200,
+  A100 and TPUs), model FLOPs utilisation (see ``perf.py``)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, model_config):
+    src_len = (cfg.data.get('src_len') or cfg.seq_len
+               if model_config.num_encoder_layers else 0)
+    self.step_flops = perf.step_flops(model_config, cfg.batch_size, src_len,
+                                      cfg.seq_len)['train']
+    peak = cfg.get('peak_tflops')
+    peak = (peak * 1e12 if peak else
+            perf.peak_flops(jax.devices()[0].device_kind))
+    self.peak = None if peak is None else peak * jax.device_count()
+    self.compile_s = None
+
+  def row(self, steps_done: int, tokens: float, seconds: float
+          ) -> dict[str, float]:
+    """Rates of ``steps_done`` steps that took ``seconds`` end to end."""
+    seconds = max(seconds, 1e-9)
+    out = {'step_time_s': seconds / steps_done,
+           'tokens_per_s': tokens / seconds,
+           'model_tflops_per_s': self.step_flops * steps_done / seconds / 1e12}
+    if self.peak:
+      out['mfu'] = self.step_flops * steps_done / seconds / self.peak
+    if self.compile_s is not None:  # once, in the first row
+      out['compile_s'], self.compile_s = self.compile_s, None
+    return out
+
+
+def _summarise(sums, setup, cfg, step) -> dict[str, float]:
+  """Losses per target token, the last gradient norm and learning rate."""
+  tokens = sum(float(m['tokens']) for m in sums)
+  updates = (step - 1) // int(cfg.optim.get('grad_accum_steps', 1))
+  return {
+      'loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
+      'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
+      'grad_norm': float(sums[-1]['grad_norm']),
+      'learning_rate': float(setup.schedule(updates)),
+      # Target tokens since the last row; summed over rows, the tokens seen.
+      'target_tokens': tokens,
+      # Skipped updates (optim.skip_non_finite) as of the row's last step.
+      **{k: float(sums[-1][k]) for k in optim.SKIP_COUNTERS
+         if k in sums[-1]},
+  }
+
+
+def _progress_bar(initial: int, total: int, enabled: bool):
+  return tqdm(total=total, initial=initial, disable=not enabled,
+              dynamic_ncols=True, desc='train')
