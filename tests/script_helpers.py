@@ -3,8 +3,7 @@
 import importlib.util
 import os
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'scripts')
+from repo import SCRIPTS
 
 
 def load_script(name: str):

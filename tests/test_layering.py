@@ -12,8 +12,9 @@ import pathlib
 import re
 
 import pytest
+import repo
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'jax_transformer'
+PACKAGE = pathlib.Path(repo.ROOT) / 'jax_transformer'
 
 # Bottom to top. `jax_transformer/__init__.py` names its public values
 # lazily from every layer and is above them all.

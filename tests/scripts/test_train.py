@@ -6,17 +6,17 @@ These run the real CLI in subprocesses on the offline Shakespeare corpus.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+import repo
+from train_runs import free_port, together, train
 
 from jax_transformer import data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
 
@@ -24,40 +24,6 @@ pytestmark = pytest.mark.slow
 def data_dir(real_data_dir):
   data.prepare('shakespeare', real_data_dir)
   return real_data_dir
-
-
-def train(workdir, data_dir, *flags, devices=8, wait=True,
-          config='lm_shakespeare', **popen):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'),
-         '--config', os.path.join(ROOT, f'configs/{config}.py:tiny'),
-         '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
-         '--config.sample.enabled=False', *flags]
-  proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, **popen)
-  if not wait:
-    return proc
-  return finish(proc)
-
-
-def finish(proc):
-  """The output of a train() started with wait=False; it must succeed."""
-  out, _ = proc.communicate(timeout=600)
-  assert proc.returncode == 0, out[-3000:]
-  return out
-
-
-def together(*procs):
-  """Waits for independent runs started together (wait=False); their
-  outputs, in order. A tiny model's run keeps about one core busy
-  (compiling, then small steps), so two at once take little longer than
-  one on CI's two cores."""
-  try:
-    return [finish(p) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
 
 
 def metrics(workdir):
@@ -182,12 +148,6 @@ def test_stop_signal_saves_exits_75_within_30_s_and_resumes(tmp_path,
   assert saved + 2 in metrics(work)
 
 
-def free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def train_two_processes(work, data_dir, num_steps):
   """Two processes x 4 CPU devices as one job; returns their outputs."""
   address = f'127.0.0.1:{free_port()}'
@@ -223,8 +183,8 @@ def generate(workdir, *runs):
   processes (each loads and compiles on about one core); their
   CompletedProcesses, in order."""
   procs = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, 'scripts/generate.py'),
-       '--workdir', str(workdir), *flags], cwd=ROOT, stdout=subprocess.PIPE,
+      [sys.executable, os.path.join(repo.ROOT, 'scripts/generate.py'),
+       '--workdir', str(workdir), *flags], cwd=repo.ROOT, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True,
       env=dict(os.environ, JAX_PLATFORMS='cpu')) for flags in runs]
   try:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_decoding import TINY, exhaustive, forward, hypothesis
+from test_generate_and_beam_search import TINY, exhaustive, forward, hypothesis
 
 import jax_transformer as jt
 from jax_transformer.decoding import beam, beam_search, length_penalty

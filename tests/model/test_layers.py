@@ -11,7 +11,9 @@ from torch_helpers import load_module, n, randomize, t
 
 import jax_transformer as jt
 from jax_transformer.interop import torch_compat as tc
-from jax_transformer.interop.torch_reference import sinusoidal as torch_sinusoidal
+from jax_transformer.interop.torch_reference import (
+  sinusoidal as torch_sinusoidal,
+)
 from jax_transformer.model import layers
 
 CONFIG = jt.ModelConfig(vocab_size=50, d_model=16, num_heads=4, d_ff=32,

@@ -21,8 +21,6 @@ from jax_transformer.data import testing as data_testing
 from jax_transformer.model import sharding
 from jax_transformer.train import evaluation, restore, trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 PLAYS = ('macbeth',)
 
 

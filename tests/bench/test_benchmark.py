@@ -1,17 +1,15 @@
 """scripts/benchmark.py and its suites, on shapes small enough for a test."""
 
-import os
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+import repo
 
 from jax_transformer.bench import nanogpt, pipeline, step
 from jax_transformer.model.config import gpt2_small, transformer_base
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_cases():
@@ -68,7 +66,7 @@ def test_pipeline_suite_reports_supply_and_demand():
 ])
 def test_cli_refuses_what_it_cannot_run_in_one_sentence(args, message):
   out = subprocess.run([sys.executable, 'scripts/benchmark.py', *args],
-                       cwd=ROOT, capture_output=True, text=True)
+                       cwd=repo.ROOT, capture_output=True, text=True)
   assert out.returncode != 0
   assert message in out.stderr
   assert 'Traceback' not in out.stderr

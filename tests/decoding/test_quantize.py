@@ -1,4 +1,5 @@
-"""jax_transformer.decoding.quantize: int8 kernels within half a step of the floats,
+"""jax_transformer.decoding.quantize: int8 kernels within half a step of
+the floats,
 exactly the matmul kernels quantized, bfloat16 copies, both composed.
 
 Decoding with these copies (tokens against float32) is in

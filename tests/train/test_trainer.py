@@ -1,4 +1,5 @@
-"""Sharded train steps, overfitting, and bad configs refused before compiling."""
+"""Sharded train steps, overfitting, and bad configs refused before
+compiling."""
 
 import os
 
@@ -9,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import experiment, steps, trainer
+from jax_transformer.train import checks, experiment, steps, trainer
 
 VOCAB = 64
 
@@ -155,7 +156,7 @@ def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
     f.write(saved.to_json())
   cfg = tiny_cfg()
   cfg.model.update(dtype='bfloat16', dropout_rate=0.3, dropout_rng='threefry')
-  trainer.check_resumable(cfg, str(tmp_path))  # compute only: resumable
+  checks.check_resumable(cfg, str(tmp_path))  # compute only: resumable
   cfg.model.d_ff = 128
   with pytest.raises(ValueError, match=r'different config.model \(d_ff\)'):
-    trainer.check_resumable(cfg, str(tmp_path))
+    checks.check_resumable(cfg, str(tmp_path))

@@ -11,20 +11,20 @@ import subprocess
 import sys
 
 import pytest
+import repo
 import script_helpers
 from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LM = os.path.join(ROOT, 'configs', 'lm_shakespeare.py')
+LM = os.path.join(repo.ROOT, 'configs', 'lm_shakespeare.py')
 TINY = LM + ':tiny'
 
 
 def _load_train():
   spec = importlib.util.spec_from_file_location(
-      'train_script', os.path.join(ROOT, 'train.py'))
+      'train_script', os.path.join(repo.ROOT, 'train.py'))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # defines its flags on absl's FLAGS once
   return module
@@ -54,7 +54,7 @@ def one_line(err: str, prog: str) -> str:
     (['--config', 'configs/nope.py'],
      ['the file configs/nope.py does not exist']),
     (['--config', LM + ':huge'], ["Unknown preset 'huge'; choose tiny"]),
-    (['--config', os.path.join(ROOT, 'configs', 'common.py')],
+    (['--config', os.path.join(repo.ROOT, 'configs', 'common.py')],
      ['has no get_config() function']),
     (['--config.num_steps=abc'],
      ['--config.num_steps=abc:', "give a value of the flag's type"]),
@@ -168,14 +168,14 @@ def test_argparse_errors_are_one_line_and_exit_2(capsys):
 
 
 def _run(*argv):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env,
+  env = dict(os.environ, PYTHONPATH=repo.ROOT, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, *argv], cwd=repo.ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_train_cli_misspelt_override_exits_2_in_one_line(tmp_path):
-  proc = _run(os.path.join(ROOT, 'train.py'), '--config', TINY,
+  proc = _run(os.path.join(repo.ROOT, 'train.py'), '--config', TINY,
               '--workdir', str(tmp_path / 'run'),
               '--config.optim.learnin_rate=0.1')
   assert proc.returncode == 2, proc.stderr

@@ -9,11 +9,18 @@ import numpy as np
 import optax
 import pytest
 from ml_collections import ConfigDict
-from test_accumulation import VOCAB, T
-from test_accumulation import lm_batch as batch_of
+from test_grad_accumulation import VOCAB, T
+from test_grad_accumulation import lm_batch as batch_of
 
 from jax_transformer.cli import load_config
-from jax_transformer.train import checkpoint, experiment, metrics, optim, steps, trainer
+from jax_transformer.train import (
+  checkpoint,
+  experiment,
+  metrics,
+  optim,
+  steps,
+  trainer,
+)
 
 
 def lm_batch(seed):

@@ -13,13 +13,13 @@ import time
 
 import numpy as np
 import pytest
-from test_train_cli import free_port, train
+import repo
+from train_runs import free_port, train
 
 from jax_transformer import data
 from jax_transformer.runtime import liveness
 
 pytestmark = pytest.mark.slow
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope='module')
@@ -112,7 +112,7 @@ def start_workers(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=1')
   procs = [subprocess.Popen(
-      [sys.executable, os.path.join(HERE, 'multihost_worker.py'), address,
+      [sys.executable, os.path.join(repo.TESTS, 'multihost_worker.py'), address,
        str(i), '5', str(tmp_path)], env=env, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True) for i in range(2)]
   for p in procs:  # 'ready' once joined, after the runtime's own lines

@@ -9,13 +9,12 @@ import threading
 import jax
 import ml_collections
 import pytest
+import repo
 from jax._src import distributed as jax_distributed
 
 from jax_transformer.runtime import distributed, liveness
 from jax_transformer.runtime.distributed import Timeouts
 from jax_transformer.train import trainer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +44,7 @@ def test_jax_heartbeat_outlasts_the_watchdog():
 def test_train_py_flag_defaults_are_the_timeouts_defaults():
   """train.py cannot import the package before parsing flags (--help stays
   fast), so its defaults are written there too: they must agree."""
-  with open(os.path.join(ROOT, 'train.py')) as f:
+  with open(os.path.join(repo.ROOT, 'train.py')) as f:
     tree = ast.parse(f.read())
   defaults = {}
   for node in ast.walk(tree):

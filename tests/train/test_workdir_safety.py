@@ -22,7 +22,15 @@ from jax_transformer.data.tokenizers import (
 )
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import storage
-from jax_transformer.train import checkpoint, evaluation, metrics, perf, restore, trainer
+from jax_transformer.train import (
+  checkpoint,
+  checks,
+  evaluation,
+  metrics,
+  perf,
+  restore,
+  trainer,
+)
 
 
 def _tiny(tmp_path, **fields):
@@ -152,11 +160,11 @@ def test_resume_allows_another_data_dir_but_not_another_model(tmp_path):
   moved = _tiny(tmp_path)
   moved.data.data_dir = str(tmp_path / 'elsewhere')
   moved.model.dropout_rate = 0.3
-  trainer.check_resumable(moved, str(tmp_path))
+  checks.check_resumable(moved, str(tmp_path))
   wider = _tiny(tmp_path)
   wider.model.d_ff = 128
   with pytest.raises(UsageError, match=r'different config.model \(d_ff\)'):
-    trainer.check_resumable(wider, str(tmp_path))
+    checks.check_resumable(wider, str(tmp_path))
 
 
 # ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
+import repo
 import torch
 import transformers
 from flax import nnx
@@ -27,11 +28,10 @@ from jax_transformer.interop import importer
 from jax_transformer.interop.torch_reference import TorchTransformer
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.models import DecoderLM
-from jax_transformer.train import checkpoint, experiment, restore, trainer
+from jax_transformer.train import checkpoint, checks, restore, trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENDE = os.path.join(ROOT, 'configs/translate_ende.py:tiny')
-GPT2 = os.path.join(ROOT, 'configs/gpt2_small.py:shakespeare')
+ENDE = os.path.join(repo.ROOT, 'configs/translate_ende.py:tiny')
+GPT2 = os.path.join(repo.ROOT, 'configs/gpt2_small.py:shakespeare')
 GPT2_SHAPE = ['--config.model.d_model=32', '--config.model.num_heads=4',
               '--config.model.num_decoder_layers=2', '--config.model.d_ff=128',
               '--config.model.max_len=64', '--config.model.dtype=float32',
@@ -43,7 +43,7 @@ PROMPT = 'The night of the storm'
 
 def load_script(name):
   spec = importlib.util.spec_from_file_location(
-      f'{name}_script', os.path.join(ROOT, 'scripts', f'{name}.py'))
+      f'{name}_script', os.path.join(repo.ROOT, 'scripts', f'{name}.py'))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -91,7 +91,7 @@ def ende_file(tmp_path_factory):
   would: torch.save(model.state_dict()), no JSON."""
   root = tmp_path_factory.mktemp('ende')
   cfg = IMPORT.load_config(ENDE, [])
-  config = experiment.model_config(cfg, 260).replace(vocab_size=260)
+  config = checks.model_config(cfg, 260).replace(vocab_size=260)
   ref = randomize(TorchTransformer.from_config(config), seed=1)
   path = str(root / 'ende.pt')
   torch.save(ref.state_dict(), path)
@@ -353,9 +353,9 @@ def test_export_refuses_bad_input(capsys, tmp_path, ende_workdir):
 
 
 def test_layouts_that_cannot_hold_the_model_name_every_field():
-  cfg = IMPORT.load_config(os.path.join(ROOT, 'configs/lm_shakespeare.py:tiny'),
+  cfg = IMPORT.load_config(os.path.join(repo.ROOT, 'configs/lm_shakespeare.py:tiny'),
                            ['--config.model.vocab_size=64'])
-  model = nnx.eval_shape(lambda: DecoderLM(experiment.model_config(cfg, 64)))
+  model = nnx.eval_shape(lambda: DecoderLM(checks.model_config(cfg, 64)))
   trained = restore.Trained(model, data.ByteTokenizer(), cfg, 0)
   for fmt in ('hf', 'torch'):
     with pytest.raises(UsageError) as err:

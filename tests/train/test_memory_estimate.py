@@ -12,7 +12,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import checkpoint, experiment, memory, steps, trainer
+from jax_transformer.train import (
+  checkpoint,
+  checks,
+  experiment,
+  memory,
+  steps,
+  trainer,
+)
 
 VOCAB = 64
 
@@ -190,7 +197,7 @@ def test_no_xla_figure_is_reported_not_refused():
 def activations(remat='none', **fields):
   cfg = lm_cfg()
   cfg.model.update(num_decoder_layers=6, remat=remat, **fields)
-  mc = experiment.model_config(cfg, VOCAB)
+  mc = checks.model_config(cfg, VOCAB)
   return memory.activation_bytes(mc, batch=8, tgt_len=64)
 
 
@@ -211,7 +218,7 @@ def test_activation_estimate_counts_what_the_backward_keeps():
 
 def test_chunked_loss_counts_one_chunk_of_logits():
   cfg = lm_cfg()
-  mc = experiment.model_config(cfg, VOCAB)
+  mc = checks.model_config(cfg, VOCAB)
   whole = memory.activation_bytes(mc, 8, 64)
   chunked = memory.activation_bytes(mc, 8, 64, loss_rows=16)
   assert whole - chunked == 2 * 4 * mc.vocab_size * (8 * 64 - 16)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import repo
 
 from jax_transformer import cli
 from jax_transformer.cli import load_config
@@ -16,7 +17,7 @@ from jax_transformer.errors import UsageError
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.train import experiment, recipes
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(repo.ROOT)
 CONFIGS = [('lm_shakespeare', None), ('lm_shakespeare', 'tiny'),
            ('translate_ende', None), ('translate_ende', 'tiny'),
            ('translate_ende', 'cpu30'),

@@ -17,7 +17,7 @@ import optax
 import pytest
 import script_helpers
 from flax import nnx
-from test_decoding import LetterTokenizer  # a..z as ids 3..28
+from test_generate_and_beam_search import LetterTokenizer  # a..z as ids 3..28
 
 import jax_transformer as jt
 from jax_transformer import decoding

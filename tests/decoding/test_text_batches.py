@@ -1,4 +1,5 @@
-"""jax_transformer.decoding.inference: texts laid out, batched, decoded, put back.
+"""jax_transformer.decoding.inference: texts laid out, batched, decoded,
+put back.
 
 The CLI over it (scripts/generate.py --input_file) is tested in
 test_decoding.py, batch against one text at a time for both model kinds.
@@ -6,7 +7,7 @@ test_decoding.py, batch against one text at a time for both model kinds.
 
 import numpy as np
 import pytest
-from test_decoding import LetterTokenizer, model
+from test_generate_and_beam_search import LetterTokenizer, model
 
 from jax_transformer import decoding
 from jax_transformer.decoding import inference

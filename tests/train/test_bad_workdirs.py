@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+import repo
 import script_helpers
 
 from jax_transformer import data, decoding
@@ -26,9 +27,8 @@ from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import DecoderLM
 from jax_transformer.runtime import workdir as workdir_lib
-from jax_transformer.train import checkpoint, experiment, restore
+from jax_transformer.train import checkpoint, checks, experiment, restore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Reading a corrupt checkpoint, Orbax leaves its other reads unawaited; their
 # errors (the same failure the tests check) surface later as unraisable.
 pytestmark = pytest.mark.filterwarnings(
@@ -224,7 +224,7 @@ def test_generate_refuses_bad_input_with_a_real_checkpoint(
 
 
 def tiny_lm():
-  return DecoderLM(experiment.model_config(
+  return DecoderLM(checks.model_config(
       load_config('lm_shakespeare:tiny'), data.ByteTokenizer().vocab_size))
 
 
@@ -260,9 +260,9 @@ def test_trained_refuses_a_step_it_does_not_have(good_workdir):
 
 @pytest.mark.slow
 def test_generate_cli_refuses_a_missing_workdir_in_a_real_process(tmp_path):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  env = dict(os.environ, PYTHONPATH=repo.ROOT, JAX_PLATFORMS='cpu')
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'generate.py'),
+      [sys.executable, os.path.join(repo.ROOT, 'scripts', 'generate.py'),
        '--workdir', str(tmp_path / 'nope'), '--input', 'hello'],
       env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr

@@ -1,0 +1,48 @@
+"""train.py run as users run it, in subprocesses, for tests in any folder."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import repo
+
+
+def train(workdir, data_dir, *flags, devices=8, wait=True,
+          config='lm_shakespeare', **popen):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'),
+         '--config', os.path.join(repo.ROOT, f'configs/{config}.py:tiny'),
+         '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
+         '--config.sample.enabled=False', *flags]
+  proc = subprocess.Popen(cmd, env=env, cwd=repo.ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+  if not wait:
+    return proc
+  return finish(proc)
+
+
+def finish(proc):
+  """The output of a train() started with wait=False; it must succeed."""
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out[-3000:]
+  return out
+
+
+def together(*procs):
+  """Waits for independent runs started together (wait=False); their
+  outputs, in order. A tiny model's run keeps about one core busy
+  (compiling, then small steps), so two at once take little longer than
+  one on CI's two cores."""
+  try:
+    return [finish(p) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
