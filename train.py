@@ -1,4 +1,4 @@
-"""Train a Transformer: python train.py --config configs/NAME.py[:preset] --workdir DIR.
+"""Train a Transformer: python train.py --config NAME[:preset] --workdir DIR.
 
 With no flags it runs the default job (configs/lm_shakespeare.py): a small
 decoder-only LM on the offline Shakespeare corpus. Override any config field
@@ -22,8 +22,7 @@ from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
 PROG = 'train.py'
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                              'configs', 'lm_shakespeare.py')
+DEFAULT_CONFIG = 'lm_shakespeare'  # configs/lm_shakespeare.py
 FLAGS = flags.FLAGS
 
 
@@ -41,7 +40,7 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_integer('process_id', None,
                        'This process, 0..num_processes-1.',
                        flag_values=values)
-  # Multi-process bounds, in seconds (see jax_transformer/runtime/distributed.py).
+  # Multi-process bounds, in seconds (see runtime/distributed.py).
   flags.DEFINE_float('init_timeout', 300, 'How long every process may take '
                      'to join a multi-process run.', flag_values=values)
   flags.DEFINE_float('heartbeat_timeout', 60, 'A process silent this long is '
@@ -61,7 +60,7 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
                     'reuse (glibc), so CPU steps do not page-fault their '
                     'temporaries in every step (see jax_transformer/'
-                    'host_memory.py).', flag_values=values)
+                    'runtime/host_memory.py).', flag_values=values)
 
 
 define_flags(FLAGS)
@@ -69,8 +68,8 @@ define_flags(FLAGS)
 
 def parse_flags(argv: Sequence[str],
                 values: flags.FlagValues = FLAGS) -> list[str]:
-  """Parses argv into values (--config: configs/NAME.py[:preset], default
-  lm_shakespeare.py) and fills in the default --workdir.
+  """Parses argv into values (--config: NAME[:preset] or PATH.py[:preset],
+  default lm_shakespeare) and fills in the default --workdir (runs/NAME).
 
   Raises UsageError for anything wrong on the command line: an unknown
   flag or config field, a missing config file or preset, a value of the

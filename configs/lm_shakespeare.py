@@ -13,7 +13,8 @@ from jax_transformer.train.recipes import base_config, model_fields, small_lm
 def get_config(preset: str | None = None) -> ConfigDict:
   c = base_config()
   if preset == 'tiny':
-    c.model = model_fields(small_lm, d_model=32, num_heads=2, num_decoder_layers=1,
+    c.model = model_fields(small_lm, d_model=32, num_heads=2,
+                           num_decoder_layers=1,
                            d_ff=64, max_len=64)
     c.seq_len = 32
     c.batch_size = c.eval_batch_size = 8

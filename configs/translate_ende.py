@@ -5,12 +5,16 @@ embeddings over a joint SentencePiece vocabulary, label smoothing 0.1 and
 the inverse-square-root schedule), scaled down to ~20k sentence pairs.
 Presets: (none) a few-hour CPU run; cpu30: about 30 minutes on 2 CPU
 cores (pre-norm, packed rows, a 2000-piece vocabulary; measured in the
-README); tiny: a seconds-long smoke run.
+docs/training.md); tiny: a seconds-long smoke run.
 """
 
 from ml_collections import ConfigDict
 
-from jax_transformer.train.recipes import base_config, paper_model, paper_translation
+from jax_transformer.train.recipes import (
+  base_config,
+  paper_model,
+  paper_translation,
+)
 
 
 def get_config(preset: str | None = None) -> ConfigDict:
@@ -51,7 +55,7 @@ def get_config(preset: str | None = None) -> ConfigDict:
 
 
 def cpu30(c: ConfigDict) -> None:
-  """About 30 minutes on 2 CPU cores (README: "Translation in a CPU budget").
+  """About 30 minutes on 2 CPU cores (docs/training.md: "Translation in a CPU budget").
 
   Chosen on train[-500:] held out of training: pre-norm trains stably at a
   higher rate than the paper's post-norm; packing removes the ~2/3 of each

@@ -10,7 +10,11 @@ Preset big: the paper's big model (300k steps, dropout 0.3).
 
 from ml_collections import ConfigDict
 
-from jax_transformer.train.recipes import base_config, paper_model, paper_translation
+from jax_transformer.train.recipes import (
+  base_config,
+  paper_model,
+  paper_translation,
+)
 
 
 def get_config(preset: str | None = None) -> ConfigDict:

@@ -1,4 +1,5 @@
-"""jax_transformer: the Transformer of "Attention Is All You Need" in JAX/Flax NNX.
+"""jax_transformer: the Transformer of "Attention Is All You Need" in JAX
+and Flax NNX.
 
 The names below load their modules on first use, so that importing a light
 module of the package (``jax_transformer.cli``, ``jax_transformer.errors``)

@@ -79,7 +79,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 # ----------------------------------------------------------------------------
-# Experiment configs: configs/NAME.py[:preset] and --config.a.b=value.
+# Experiment configs: NAME[:preset] or PATH.py[:preset], and --config.a.b=value.
 
 _CONFIG_FLAG = re.compile(r'^--?config(=|$)')
 _OVERRIDE = re.compile(r'^--?(?:no)?config\.([^=]+)')

@@ -1,4 +1,5 @@
-"""Training speed, measured side by side: JSON lines out, a table on the console.
+"""Training speed, measured side by side: JSON lines out, a table on the
+console.
 
     python scripts/benchmark.py                       # --suite cpu (minutes)
     python scripts/benchmark.py --suite nanogpt --nanogpt_dir ~/nanoGPT

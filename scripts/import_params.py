@@ -4,9 +4,9 @@ new training workdir.
     python scripts/import_params.py --from gpt2_hf_dir \
         --config configs/gpt2_small.py:shakespeare --workdir runs/gpt2
     python scripts/import_params.py --from ende.pt \
-        --config configs/translate_ende.py --workdir runs/ende_imported
+        --config translate_ende --workdir runs/ende_imported
     python scripts/import_params.py --from lm.safetensors \
-        --config configs/lm_shakespeare.py --workdir runs/lm_copy \
+        --config lm_shakespeare --workdir runs/lm_copy \
         --config.optim.learning_rate=1e-4
 
 --from is one of: a Hugging Face GPT-2 directory (config.json,
@@ -58,7 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='Hugging Face GPT-2 directory, safetensors file or '
                       'PyTorch state_dict')
   p.add_argument('--config', required=True,
-                 help='experiment config, configs/NAME.py[:preset]')
+                 help='experiment config, NAME[:preset] or configs/NAME.py[:preset]')
   p.add_argument('--workdir', required=True,
                  help='new (or empty) directory to write')
   args, overrides = p.parse_known_args(argv)
@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def load_config(spec: str, overrides: Sequence[str]):
-  """The ConfigDict of configs/NAME.py[:preset] with --config.* overrides,
+  """The ConfigDict of NAME[:preset] (or a file) with --config.* overrides,
   parsed as train.py parses them."""
   cfg, _, rest = cli.parse_config_flags([PROG, '--config', spec, *overrides])
   if rest:

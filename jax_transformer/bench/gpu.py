@@ -36,7 +36,7 @@ from jax_transformer.train import experiment, perf
 from jax_transformer.train import steps as steps_lib
 
 _350M = dict(d_model=1024, num_heads=16, num_decoder_layers=24, d_ff=4096)
-# The options of the "Scaling up" README section, each against the plain
+# The options of docs/scaling.md, each against the plain
 # step: attention as XLA with segment masks vs 'auto' (cuDNN) with lengths,
 # the chunked loss, scanned layers and remat.
 _PLAIN = dict(attention_implementation='xla')

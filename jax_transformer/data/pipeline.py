@@ -43,7 +43,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.data import batching
-from jax_transformer.data.datasets import DatasetSpec, as_text, get_spec, load_source
+from jax_transformer.data.datasets import (
+  DatasetSpec,
+  as_text,
+  get_spec,
+  load_source,
+)
 from jax_transformer.data.tokenizers import EOS_ID, ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
 

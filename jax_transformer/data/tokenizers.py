@@ -48,12 +48,7 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers import decoders, models, pre_tokenizers
 
 from jax_transformer.errors import UsageError
-
-PAD_ID = 0
-BOS_ID = 1
-EOS_ID = 2
-UNK_ID = 3
-NUM_RESERVED = 4  # ids below this are the control ids above
+from jax_transformer.reserved_ids import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
 
 _CONFIG_FILE = 'tokenizer.json'
 _SPM_FILE = 'spm.model'

@@ -20,8 +20,8 @@ How int8 stays out of the model code: the modules read every parameter as
 parameter) whose ``[...]`` returns the dequantised kernel,
 ``values.astype(float32) * scale``. So the dequantisation is traced where the
 kernel is used, inside each decoding step, and the step's inputs are the
-int8 arrays. Whether a compiler keeps it there is its choice: see the
-README's Decoding section for what XLA does on CPU.
+int8 arrays. Whether a compiler keeps it there is its choice: see
+docs/decoding.md for what XLA does on CPU.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What decoding returns, and the reserved ids and defaults it uses."""
+"""What decoding returns, and the defaults it uses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 
 Array = jax.Array
 
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 # The default length limit: input length + this many new tokens (the paper's).
 EXTRA_NEW_TOKENS = 50
 

@@ -47,8 +47,8 @@ from jax_transformer.errors import UsageError
 from jax_transformer.interop import torch_compat
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.models import MODELS
 from jax_transformer.runtime import workdir as workdir_lib
-from jax_transformer.train.experiment import MODELS
 from jax_transformer.train.restore import Trained
 
 FORMATS = ('torch', 'hf', 'safetensors')

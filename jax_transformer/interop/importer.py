@@ -1,5 +1,5 @@
 """Parameters from PyTorch, Hugging Face or safetensors files into a workdir
-that train.py, scripts/generate.py and ``checkpoint.load_for_inference``
+that train.py, scripts/generate.py and ``restore.load_for_inference``
 accept.
 
 ``import_into(path, cfg, workdir)`` reads one of:
@@ -55,7 +55,7 @@ from jax_transformer.interop.exporter import (
 )
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.train import checkpoint, experiment, trainer
+from jax_transformer.train import checkpoint, checks, experiment, trainer
 
 # Fields a fine-tuning run may change without changing the function.
 _RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
@@ -207,10 +207,10 @@ def fit_config(cfg: ml_collections.ConfigDict, source: Source,
   try:
     vocab = source.vocab_size
     if (cfg.model.vocab_size is None and vocab is not None and vocab !=
-        experiment.model_config(cfg, tokenizer.vocab_size).vocab_size):
+        checks.model_config(cfg, tokenizer.vocab_size).vocab_size):
       cfg.model.vocab_size = vocab
       extra_flags.append(f'--config.model.vocab_size={vocab}')
-    model_config = experiment.model_config(cfg, tokenizer.vocab_size)
+    model_config = checks.model_config(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
   file_arch = _architecture(source.fields)

@@ -1,4 +1,5 @@
-"""Architecture hyperparameters: one frozen dataclass, validated on construction."""
+"""Architecture hyperparameters: one frozen dataclass, validated on
+construction."""
 
 from __future__ import annotations
 

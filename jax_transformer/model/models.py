@@ -17,7 +17,11 @@ from flax import nnx
 from jax_transformer.model import attention as attn
 from jax_transformer.model import stack
 from jax_transformer.model.attention import KVCache
-from jax_transformer.model.blocks import ACTIVATION_AXES, DecoderLayer, EncoderLayer
+from jax_transformer.model.blocks import (
+  ACTIVATION_AXES,
+  DecoderLayer,
+  EncoderLayer,
+)
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.layers import (
   Embed,
@@ -357,3 +361,8 @@ def count_params(model: nnx.Module) -> int:
   """Number of scalar parameters (a tied embedding counts once)."""
   state = nnx.state(model, nnx.Param)
   return sum(x.size for x in jax.tree.leaves(state))
+
+
+# The model classes by the name experiment configs give them
+# (config.model_kind).
+MODELS = {'decoder_lm': DecoderLM, 'encoder_decoder': EncoderDecoder}

@@ -18,7 +18,7 @@ import ml_collections
 
 from jax_transformer.data import batching
 from jax_transformer.model import sharding
-from jax_transformer.train import experiment, memory, perf, trainer
+from jax_transformer.train import checks, experiment, memory, perf, trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def prove(cfg: ml_collections.ConfigDict, vocab_size: int,
   """Lowers and compiles cfg's train step on a mesh of ``devices`` (default
   all), with vocab_size standing in for the tokenizer's. Nothing is
   allocated on the devices."""
-  trainer.check_run_fields(cfg)
+  checks.check_run_fields(cfg)
   setup = experiment.setup(cfg, vocab_size)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   sharding.check_batch(cfg.batch_size, mesh)

@@ -93,7 +93,8 @@ def _to_chunks(x: jax.Array, num_chunks: int, size: int) -> jax.Array:
 
 
 def _from_chunks(x: jax.Array, rows: int) -> jax.Array:
-  """Inverse of ``_to_chunks``: [num_chunks, size] -> [rows], padding dropped."""
+  """Inverse of ``_to_chunks``: [num_chunks, size] -> [rows], padding
+  dropped."""
   return x.swapaxes(0, 1).reshape(-1)[:rows]
 
 

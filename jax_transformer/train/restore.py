@@ -20,7 +20,12 @@ from jax.sharding import NamedSharding
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
-from jax_transformer.runtime.workdir import CONFIG_FILE, TOKENIZER_DIR, WorkdirPaths, resolve
+from jax_transformer.runtime.workdir import (
+  CONFIG_FILE,
+  TOKENIZER_DIR,
+  WorkdirPaths,
+  resolve,
+)
 from jax_transformer.train import checkpoint, experiment
 
 

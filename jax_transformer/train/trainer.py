@@ -5,7 +5,6 @@ Everything impure lives here; the math is in ``steps.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -25,7 +24,16 @@ from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
 from jax_transformer.runtime import distributed, storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import checkpoint, evaluation, experiment, memory, optim, perf, steps
+from jax_transformer.train import (
+  checkpoint,
+  checks,
+  evaluation,
+  experiment,
+  memory,
+  optim,
+  perf,
+  steps,
+)
 from jax_transformer.train.metrics import MetricWriter
 
 
@@ -105,86 +113,6 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
     raise RuntimeError(f'Process 0 could not prepare the dataset ({outcome}),'
                        f' so process {jax.process_index()} stops too.')
   return prepare()
-
-
-# Fields that count steps, batches or checkpoints: 0 would divide by zero
-# after the first step or (keep_checkpoints) delete every checkpoint.
-POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
-                   'log_every', 'eval_every', 'checkpoint_every',
-                   'keep_checkpoints')
-
-
-def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
-  """Refuses, in one sentence and before any data preparation, a run
-  field that is not a positive integer."""
-  for name in POSITIVE_FIELDS:
-    value = cfg.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise UsageError(f'config.{name} must be a positive integer, got '
-                       f'{value!r}.')
-  chunk = cfg.get('loss_chunk_size') or 0
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-    raise UsageError('config.loss_chunk_size must be a non-negative integer '
-                     f'(0: the loss over all tokens at once), got {chunk!r}.')
-  if (cfg.get('eval_bleu_examples') or 0) < 0:
-    raise UsageError('config.eval_bleu_examples must be >= 0 (0 turns the '
-                     f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
-  data_dir = cfg.data.get('data_dir')
-  if data_dir and storage.is_remote(data_dir):
-    # TFDS's array_record reader opens local files only.
-    raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
-                     'be on a local or mounted path (object storage works '
-                     'for --workdir).')
-  skips = cfg.optim.get('max_skipped_updates', 0)
-  if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
-    raise UsageError('config.optim.max_skipped_updates must be a '
-                     'non-negative integer (0: stop at the first non-finite '
-                     f'step), got {skips!r}.')
-
-
-def check_model_and_mesh(cfg: ml_collections.ConfigDict):
-  """The mesh, after refusing in one sentence a model config or a mesh
-  that cannot work, before any data is prepared (the vocabulary is not
-  known yet: a stand-in size checks everything else)."""
-  experiment.model_class(cfg)
-  experiment.check_lengths(cfg, experiment.model_config(cfg, 1))
-  mesh = sharding.make_mesh(cfg.mesh)
-  sharding.check_batch(cfg.batch_size, mesh)
-  sharding.check_batch(cfg.eval_batch_size, mesh)
-  return mesh
-
-
-# Fields that change how a step computes or where files are, not what the
-# state holds or which examples come next: a run may resume with other
-# values of these (intervals and other top-level fields are not compared).
-RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
-                        'attention_dropout_rate', 'dropout_rng', 'scan_layers',
-                        'remat')
-RUNTIME_DATA_FIELDS = ('data_dir',)
-
-
-def check_resumable(cfg: ml_collections.ConfigDict,
-                    workdir: str | WorkdirPaths) -> None:
-  """Refuses to resume a workdir trained with another model or data."""
-  saved = checkpoint.load_config(workdir)
-  if saved is None:
-    return
-  saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
-  for key, names in (('model', RUNTIME_MODEL_FIELDS),
-                     ('data', RUNTIME_DATA_FIELDS)):
-    for c in (saved, current):
-      for name in names:
-        c.get(key, {}).pop(name, None)
-  for key in ('model_kind', 'model', 'data'):
-    if saved.get(key) != current.get(key):
-      old, new = saved.get(key), current.get(key)
-      fields = (sorted(f for f in set(old) | set(new)
-                       if old.get(f) != new.get(f))
-                if isinstance(old, dict) and isinstance(new, dict) else [])
-      raise UsageError(
-          f'{workdir} holds a run with a different config.{key}'
-          + (f' ({", ".join(fields)})' if fields else '')
-          + '; use a new --workdir or the same config to resume.')
 
 
 def state_shardings(setup: experiment.Setup, mesh, abstract_state):
@@ -313,11 +241,11 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   main = jax.process_index() == 0
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
-  check_run_fields(cfg)
+  checks.check_run_fields(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
   root = workdir.root
-  check_resumable(cfg, workdir)
-  mesh = check_model_and_mesh(cfg)
+  checks.check_resumable(cfg, workdir)
+  mesh = checks.check_experiment(cfg)
   # Ends this process with one line if another one is lost (liveness.py).
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(root, 0, 'workdir writable')
@@ -340,7 +268,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   if main:
     checkpoint.save_side_files(workdir, cfg, tokenizer)
 
-  train_iter = data.make_iterator(cfg.data, cfg.data.get('train_split', 'train'),
+  train_iter = data.make_iterator(cfg.data,
+                                  cfg.data.get('train_split', 'train'),
                                   tokenizer,
                                   batch_size=cfg.batch_size,
                                   seq_len=cfg.seq_len, seed=cfg.seed)

@@ -1,0 +1,141 @@
+"""Every check of an experiment config, in one place, each refusing bad
+input in one sentence (``UsageError``) before any data is prepared or any
+step compiled.
+
+``check_run_fields`` (counts, intervals, paths), ``check_experiment`` (the
+model kind and fields, lengths, the mesh and batch sizes: returns the
+mesh), ``check_resumable`` (a workdir trained with another model or data).
+``model_config`` turns config.model into a ``ModelConfig``, whose own
+construction checks the architecture's values (``model/config.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import ml_collections
+
+from jax_transformer.errors import UsageError
+from jax_transformer.model import sharding
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.models import MODELS
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+
+# Fields that count steps, batches or checkpoints: 0 would divide by zero
+# after the first step or (keep_checkpoints) delete every checkpoint.
+POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
+                   'log_every', 'eval_every', 'checkpoint_every',
+                   'keep_checkpoints')
+
+
+def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
+  """Refuses, in one sentence and before any data preparation, a run
+  field that is not a positive integer."""
+  for name in POSITIVE_FIELDS:
+    value = cfg.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise UsageError(f'config.{name} must be a positive integer, got '
+                       f'{value!r}.')
+  chunk = cfg.get('loss_chunk_size') or 0
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+    raise UsageError('config.loss_chunk_size must be a non-negative integer '
+                     f'(0: the loss over all tokens at once), got {chunk!r}.')
+  if (cfg.get('eval_bleu_examples') or 0) < 0:
+    raise UsageError('config.eval_bleu_examples must be >= 0 (0 turns the '
+                     f'BLEU check off), got {cfg.eval_bleu_examples!r}.')
+  data_dir = cfg.data.get('data_dir')
+  if data_dir and storage.is_remote(data_dir):
+    # TFDS's array_record reader opens local files only.
+    raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
+                     'be on a local or mounted path (object storage works '
+                     'for --workdir).')
+  skips = cfg.optim.get('max_skipped_updates', 0)
+  if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
+    raise UsageError('config.optim.max_skipped_updates must be a '
+                     'non-negative integer (0: stop at the first non-finite '
+                     f'step), got {skips!r}.')
+
+
+def check_experiment(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """The mesh, after refusing in one sentence a model config or a mesh
+  that cannot work, before any data is prepared (the vocabulary is not
+  known yet: a stand-in size checks everything else)."""
+  check_model_kind(cfg)
+  check_lengths(cfg, model_config(cfg, 1))
+  mesh = sharding.make_mesh(cfg.mesh)
+  sharding.check_batch(cfg.batch_size, mesh)
+  sharding.check_batch(cfg.eval_batch_size, mesh)
+  return mesh
+
+
+# Fields that change how a step computes or where files are, not what the
+# state holds or which examples come next: a run may resume with other
+# values of these (intervals and other top-level fields are not compared).
+RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
+                        'attention_dropout_rate', 'dropout_rng', 'scan_layers',
+                        'remat')
+RUNTIME_DATA_FIELDS = ('data_dir',)
+
+
+def check_resumable(cfg: ml_collections.ConfigDict,
+                    workdir: str | WorkdirPaths) -> None:
+  """Refuses to resume a workdir trained with another model or data."""
+  paths = resolve(workdir)
+  if not paths.config.exists():
+    return
+  saved = ml_collections.ConfigDict(json.loads(paths.config.read_text()))
+  saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
+  for key, names in (('model', RUNTIME_MODEL_FIELDS),
+                     ('data', RUNTIME_DATA_FIELDS)):
+    for c in (saved, current):
+      for name in names:
+        c.get(key, {}).pop(name, None)
+  for key in ('model_kind', 'model', 'data'):
+    if saved.get(key) != current.get(key):
+      old, new = saved.get(key), current.get(key)
+      fields = (sorted(f for f in set(old) | set(new)
+                       if old.get(f) != new.get(f))
+                if isinstance(old, dict) and isinstance(new, dict) else [])
+      raise UsageError(
+          f'{workdir} holds a run with a different config.{key}'
+          + (f' ({", ".join(fields)})' if fields else '')
+          + '; use a new --workdir or the same config to resume.')
+
+
+def check_model_kind(cfg: ml_collections.ConfigDict) -> type:
+  """The model class of config.model_kind."""
+  if cfg.model_kind not in MODELS:
+    raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
+                     f'{cfg.model_kind!r}.')
+  return MODELS[cfg.model_kind]
+
+
+def model_config(cfg: ml_collections.ConfigDict,
+                 tokenizer_vocab: int) -> ModelConfig:
+  """config.model's fields, with vocab_size None meaning the tokenizer's
+  (rounded up to ``config.vocab_multiple`` so it splits over 'tensor')."""
+  fields = cfg.model.to_dict()
+  known = {f.name for f in dataclasses.fields(ModelConfig)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise UsageError(f'config.model has unknown fields {unknown}.')
+  if fields.get('vocab_size') is None:
+    multiple = int(cfg.get('vocab_multiple', 1))
+    fields['vocab_size'] = -(-tokenizer_vocab // multiple) * multiple
+  elif fields['vocab_size'] < tokenizer_vocab:
+    raise UsageError(f'config.model.vocab_size={fields["vocab_size"]} is '
+                     f'smaller than the tokenizer\'s {tokenizer_vocab}; '
+                     'raise it, or unset it to use the tokenizer\'s.')
+  return ModelConfig(**fields)
+
+
+def check_lengths(cfg: ml_collections.ConfigDict, mc: ModelConfig) -> None:
+  """Sequences must fit the model's max_len (a learned table has no more)."""
+  for name, length in (('seq_len', cfg.seq_len),
+                       ('data.src_len', cfg.data.get('src_len'))):
+    if length is not None and length > mc.max_len:
+      raise UsageError(f'config.{name}={length} exceeds model.max_len='
+                       f'{mc.max_len}; raise max_len or shorten sequences.')
