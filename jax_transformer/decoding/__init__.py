@@ -30,12 +30,10 @@ from jax_transformer.decoding import beam, loop  # noqa: F401
 from jax_transformer.decoding.api import beam_search, generate  # noqa: F401
 from jax_transformer.decoding.beam import length_penalty  # noqa: F401
 from jax_transformer.decoding.results import (  # noqa: F401
-    BOS_ID,
-    EOS_ID,
     EXTRA_NEW_TOKENS,
-    PAD_ID,
     BeamResult,
     Generation,
     row_tokens,
 )
 from jax_transformer.decoding.sampling import Sampler, greedy  # noqa: F401
+from jax_transformer.reserved_ids import BOS_ID, EOS_ID, PAD_ID  # noqa: F401

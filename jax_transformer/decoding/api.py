@@ -23,16 +23,14 @@ from jax_transformer.decoding.inputs import (
 )
 from jax_transformer.decoding.loop import TokenChooser, generate_jit
 from jax_transformer.decoding.results import (
-  BOS_ID,
-  EOS_ID,
   EXTRA_NEW_TOKENS,
-  PAD_ID,
   BeamResult,
   Generation,
 )
 from jax_transformer.decoding.sampling import greedy, is_deterministic
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.reserved_ids import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
 Model = EncoderDecoder | DecoderLM
