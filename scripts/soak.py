@@ -50,8 +50,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='starts to kill, in all rounds together')
   p.add_argument('--seed', type=int, default=0,
                  help='draws every kill (signal and moment)')
-  p.add_argument('--config', default=os.path.join(
-      ROOT, 'configs', 'lm_shakespeare.py:tiny'), help='FILE[:preset]')
+  p.add_argument('--config', default='lm_shakespeare:tiny',
+                 help='NAME[:preset] or FILE[:preset]')
   p.add_argument('--data_dir', default=None,
                  help="the datasets' root (default: the config's)")
   p.add_argument('--num_steps', type=int, default=16)

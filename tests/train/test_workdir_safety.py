@@ -21,6 +21,7 @@ from jax_transformer.data.tokenizers import (
   make_tokenizer,
 )
 from jax_transformer.errors import UsageError
+from jax_transformer.model.params import split
 from jax_transformer.runtime import storage
 from jax_transformer.train import (
   checkpoint,
@@ -74,8 +75,9 @@ def test_a_missing_filesystem_package_is_refused_before_any_work(
 def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
                                                        monkeypatch):
   """Through a local stand-in for GCS: every file lands in the bucket,
-  none in a local 'gs:' folder, and train 4 + resume to 6 ends with the
-  parameters of an uninterrupted local run."""
+  none in a local 'gs:' folder, train 4 + resume to 6 ends with the
+  parameters of an uninterrupted local run, and the gs:// workdir opens
+  for inference (evaluation, decoding, export) as a local one does."""
   monkeypatch.chdir(tmp_path)
   bucket_root = tmp_path / 'buckets'
   (bucket_root / 'bucket').mkdir(parents=True)
@@ -87,6 +89,7 @@ def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
     cfg.num_steps = 6
     trainer.train_and_evaluate(cfg, 'gs://bucket/run')
     history = metrics.read_history('gs://bucket/run')
+    opened = restore.load_model('gs://bucket/run')
   finally:
     fake_gcs.forget_filesystems()
   run = bucket_root / 'bucket' / 'run'
@@ -98,7 +101,8 @@ def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
   assert [row['step'] for row in history] == [2, 4, 6]
 
   trainer.train_and_evaluate(cfg, str(tmp_path / 'local'))
-  remote = _final_params(run.parent.parent / 'bucket' / 'run')
+  remote = jax.device_get(split(opened.model)[1])
+  assert opened.step == 6
   local = _final_params(tmp_path / 'local')
   for name in local:
     np.testing.assert_array_equal(remote[name], local[name], err_msg=name)
@@ -106,7 +110,6 @@ def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
 
 def _final_params(workdir):
   model, _ = restore.load_for_inference(str(workdir))
-  from jax_transformer.model.params import split  # pylint: disable=g-import-not-at-top
   return jax.device_get(split(model)[1])
 
 
