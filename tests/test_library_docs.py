@@ -13,10 +13,11 @@ import subprocess
 import sys
 
 import pytest
+import repo
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(repo.ROOT)
 DOC = ROOT / 'docs' / 'library.md'
-FIXTURE = ROOT / 'tests' / 'fixtures' / 'workdir_v1_flat'
+FIXTURE = pathlib.Path(repo.FIXTURES) / 'workdir_v1_flat'
 
 _FENCE = re.compile(r'^```python\n(.*?)^```', re.DOTALL | re.MULTILINE)
 _HEADING = re.compile(r'^#{1,6}\s+(.*)$', re.MULTILINE)
