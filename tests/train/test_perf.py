@@ -84,7 +84,7 @@ def test_matmul_rate_is_positive_and_finite():
 
 
 def test_retain_freed_memory_takes_effect_in_a_fresh_process():
-  code = ('from jax_transformer import host_memory; '
+  code = ('from jax_transformer.runtime import host_memory; '
           'print(host_memory.retain_freed_memory())')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, check=True).stdout.strip()
