@@ -181,6 +181,7 @@ def test_every_file_named_exists(doc):
 # ----------------------------------------------------------------------------
 # The README's Python example, run as a file after only `pip install -e .`.
 
+@pytest.mark.slow
 def test_the_readme_example_runs_as_a_file_without_torch(tmp_path):
   (block,) = code_blocks((ROOT / 'README.md').read_text(), 'python')
   script = tmp_path / 'example.py'

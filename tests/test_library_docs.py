@@ -15,6 +15,9 @@ import sys
 import pytest
 import repo
 
+# Each example starts Python and compiles its model: minutes in all.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(repo.ROOT)
 DOC = ROOT / 'docs' / 'library.md'
 FIXTURE = pathlib.Path(repo.FIXTURES) / 'workdir_v1_flat'

@@ -24,6 +24,7 @@ def tiny_cases():
   return [encdec, lm]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', tiny_cases(), ids=lambda c: c['name'])
 def test_cpu_suite_rows_compare_the_same_loss(case):
   rows = step.run_case(case, rounds=2)
@@ -72,6 +73,7 @@ def test_cli_refuses_what_it_cannot_run_in_one_sentence(args, message):
   assert 'Traceback' not in out.stderr
 
 
+@pytest.mark.slow
 def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   from jax_transformer.bench import gpu
   monkeypatch.setitem(gpu.ITEMS, 'tiny', dict(
@@ -86,6 +88,7 @@ def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   assert 'mfu' not in row  # no built-in peak for a CPU
 
 
+@pytest.mark.slow
 def test_gpu_suite_scaling_options_run_on_any_backend(monkeypatch):
   """The scaled items' options (auto attention, lengths, chunked loss,
   scan, remat) measure on a tiny model; every item names known fields."""

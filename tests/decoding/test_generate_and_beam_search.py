@@ -574,6 +574,7 @@ class LetterTokenizer:
     return ''.join(chr(i - 3 + ord('a')) for i in ids if i >= 3)
 
 
+@pytest.mark.slow
 def test_generate_script_runs_each_model_and_mode(tmp_path, capsys):
   script = load_script()
   tok = LetterTokenizer()
@@ -650,6 +651,7 @@ def run_main(script, capsys, argv, m):
 
 
 # Seed 3 gives tiny encoder-decoders that do not end every output at once.
+@pytest.mark.slow
 @pytest.mark.parametrize('name,seed,flags', [
     ('ed-post', 3, []), ('lm-post', 0, []),
     ('ed-pre', 3, ['--beam_size', '2', '--max_new_tokens', '3'])])

@@ -133,6 +133,7 @@ def torch_loss(logits, tgt_out, real):
   return (losses * real).sum() / real.sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('norm_first, tied', [(False, True), (True, False)])
 def test_encoder_decoder_gradients_match_torch(norm_first, tied):
   config = BASE.replace(norm_first=norm_first, tie_embeddings=tied,

@@ -25,6 +25,7 @@ def test_default_positions_restart_per_segment_and_skip_padding():
   np.testing.assert_array_equal(default_positions(mask, mask), [[0, 0, 0, 1]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('positional', ['rotary', 'learned', 'sinusoidal'])
 def test_packed_lm_equals_each_sequence_alone(positional):
   model = jt.DecoderLM(LM.replace(positional=positional), nnx.Rngs(0))
@@ -39,6 +40,7 @@ def test_packed_lm_equals_each_sequence_alone(positional):
                              atol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_encoder_decoder_equals_each_pair_alone():
   model = jt.EncoderDecoder(ED, nnx.Rngs(0))
   rs = np.random.RandomState(1)

@@ -78,6 +78,7 @@ def _loss_and_grads(cls, scan, remat, dropout=0.0):
   return value, params.unrolled(grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cls', [DecoderLM, EncoderDecoder])
 def test_every_layout_and_remat_policy_gives_the_same_loss_and_gradients(
     cls):

@@ -28,6 +28,7 @@ def test_compiles_at_fsdp_x_tensor_without_running():
   assert memory.readable(proof.estimate.total)
 
 
+@pytest.mark.slow
 def test_scanned_step_does_not_grow_with_depth():
   """The compiled program's size, a proxy for compile time that no host
   noise changes: the same at 2 and 8 layers scanned, ~4x unrolled."""
@@ -38,6 +39,7 @@ def test_scanned_step_does_not_grow_with_depth():
   assert unrolled[1] > 2.5 * unrolled[0]
 
 
+@pytest.mark.slow
 def test_remat_lowers_xla_memory_at_size():
   none, full = (aot.prove(small(4, True, r), 256).xla.temporaries
                 for r in ('none', 'full'))

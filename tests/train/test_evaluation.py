@@ -67,6 +67,7 @@ def read_lines(directory, name):
     return f.read().splitlines()
 
 
+@pytest.mark.slow
 def test_training_logged_bleu(ende_workdir):
   with open(os.path.join(ende_workdir, 'metrics.jsonl')) as f:
     rows = [json.loads(line) for line in f]
@@ -111,6 +112,7 @@ def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
   assert result['settings']['beam_size'] == 2
 
 
+@pytest.mark.slow
 def test_batched_translation_equals_one_by_one(ende_workdir):
   wd = restore.open_workdir(ende_workdir)
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 1},

@@ -73,6 +73,7 @@ def test_loss_falls_when_overfitting_one_batch():
   assert losses[-1] < 0.5 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_encoder_decoder_step_runs_sharded():
   cfg = load_config('translate_ende:tiny')
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
