@@ -34,6 +34,7 @@ from jax_transformer.train import (
   perf,
   steps,
 )
+from jax_transformer.train import metrics as metrics_lib
 from jax_transformer.train.metrics import MetricWriter
 
 
@@ -303,7 +304,21 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   compiled, previous, tick = None, None, 0.0
   interrupted_eval = False
   max_skipped = cfg.optim.get('max_skipped_updates', 0)
+  finished_now = step == cfg.num_steps > start_step
   try:
+    if step == cfg.num_steps and _final_evaluation_abandoned(workdir, step):
+      # A stop signal during the last evaluation saved the last step
+      # without it: finish it now, as the uninterrupted run would have.
+      try:
+        row = _logged_row(workdir, step)
+        row.update(evaluate(eval_step, state['params'], cfg, tokenizer,
+                            mesh, setup, stop=preemption.should_stop))
+        writer.write(step, row)  # replaces the row without evaluation
+        last, finished_now = row, True
+        log(f'Finished the evaluation of step {step}, which a stop '
+            'signal had interrupted.')
+      except evaluation.Interrupted:
+        last['interrupted'] = preemption.requested or 'another host'
     while step < cfg.num_steps:
       batch = data.global_batch(next(train_iter), mesh)
       if compiled is None:
@@ -376,11 +391,31 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
     checkpointer.close()
     writer.close()
     preemption.restore()
-  if step == cfg.num_steps and step > start_step and cfg.sample.enabled:
+  finished_now = finished_now or (step == cfg.num_steps > start_step)
+  if finished_now and 'interrupted' not in last and cfg.sample.enabled:
     log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
   if watchdog:
     watchdog.stop()
   return last
+
+
+def _logged_row(workdir: WorkdirPaths, step: int) -> dict:
+  """The metrics row of step (without its 'step' key), or {}."""
+  if not workdir.metrics.exists():
+    return {}
+  rows = [r for r in metrics_lib.read_history(workdir) if r['step'] == step]
+  return {k: v for k, v in rows[-1].items() if k != 'step'} if rows else {}
+
+
+def _final_evaluation_abandoned(workdir: WorkdirPaths, step: int) -> bool:
+  """Whether the last step's row was logged without its evaluation (a
+  stop signal interrupted it), as process 0 reads metrics.jsonl; every
+  process gets the same answer, since evaluating is collective."""
+  abandoned = False
+  if jax.process_index() == 0:
+    row = _logged_row(workdir, step)
+    abandoned = bool(row) and 'eval_loss' not in row
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(abandoned)))
 
 
 def check_workdir(root, need_bytes: int, name: str) -> None:

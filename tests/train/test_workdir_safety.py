@@ -296,6 +296,36 @@ def test_a_stop_signal_during_evaluation_saves_without_waiting_for_it(
   saver.close()
 
 
+def test_a_final_evaluation_cut_by_a_stop_signal_is_finished_on_resume(
+    tmp_path, monkeypatch):
+  """SIGTERM during the last step's evaluation: the run saves the last
+  step and stops; the restart has no step left to train, finishes that
+  evaluation and logs it as the uninterrupted run does."""
+  cfg = _tiny(tmp_path, num_steps=3)  # eval_steps=4, eval at step 3
+  trainer.train_and_evaluate(cfg, str(tmp_path / 'whole'))
+  evaluate = trainer.evaluate
+
+  def signalled(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return evaluate(*args, **kwargs)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(trainer, 'evaluate', signalled)
+    cut = trainer.train_and_evaluate(cfg, str(tmp_path / 'cut'))
+  assert cut['interrupted'] == 'SIGTERM' and 'eval_loss' not in cut
+  assert 'eval_loss' not in metrics.read_history(tmp_path / 'cut')[-1]
+  resumed = trainer.train_and_evaluate(cfg, str(tmp_path / 'cut'))
+  assert 'interrupted' not in resumed
+  whole = metrics.read_history(tmp_path / 'whole')
+  finished = metrics.read_history(tmp_path / 'cut')
+  assert [r['step'] for r in finished] == [r['step'] for r in whole] == [3]
+  for name in ('loss', 'grad_norm', 'learning_rate', 'eval_loss'):
+    assert finished[-1][name] == whole[-1][name], name
+  # A third start finds nothing left to do and logs nothing more.
+  trainer.train_and_evaluate(cfg, str(tmp_path / 'cut'))
+  assert len(metrics.read_jsonl(tmp_path / 'cut')) == 2
+
+
 def test_loss_metrics_stops_between_batches_when_asked(tmp_path):
   asked = []
 
