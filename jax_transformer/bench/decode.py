@@ -92,8 +92,8 @@ def _jax_side(model, inputs, n, **options) -> Callable[[], np.ndarray]:
 
 
 def _hf_gpt2(model):
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
+  import transformers  # optional (the test extra), heavy
   c = model.config
   hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
       vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model,
@@ -107,7 +107,7 @@ def _hf_gpt2(model):
 
 
 def _hf_side(hf, prompt: np.ndarray, n: int) -> Callable[[], np.ndarray]:
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   ids = torch.from_numpy(prompt).long()
 
   def run():
@@ -121,9 +121,10 @@ def _hf_side(hf, prompt: np.ndarray, n: int) -> Callable[[], np.ndarray]:
 
 def _torch_reference_side(model, src: np.ndarray,
                           n: int) -> Callable[[], np.ndarray]:
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
 
-  from jax_transformer.interop.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
+  # It imports torch, optional (the test extra).
+  from jax_transformer.interop.torch_reference import TorchTransformer
   ref = TorchTransformer.from_config(model.config)
   ref.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in
                        torch_compat.encoder_decoder_to_torch(model).items()})

@@ -108,9 +108,10 @@ def jax_side(case: dict[str, Any], with_train: bool = True):
 
 def torch_side(case: dict[str, Any], model):
   """The PyTorch twin holding ``model``'s weights, and its optimizer."""
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   if case['src_len']:
-    from jax_transformer.interop.torch_reference import TorchTransformer  # pylint: disable=g-import-not-at-top
+    # It imports torch, optional (the test extra).
+    from jax_transformer.interop.torch_reference import TorchTransformer
     ref = TorchTransformer.from_config(case['config'])
     state = torch_compat.encoder_decoder_to_torch(model)
     ref.load_state_dict({k: torch.from_numpy(np.array(v))
@@ -118,7 +119,7 @@ def torch_side(case: dict[str, Any], model):
     opt = torch.optim.Adam(ref.parameters(), lr=LR, betas=(0.9, 0.98),
                            eps=1e-9)
   else:
-    import transformers  # pylint: disable=g-import-not-at-top
+    import transformers  # optional (the test extra), heavy
     hf = transformers.GPT2Config(**torch_compat.gpt2_hf_config(
         case['config']))
     hf._attn_implementation = 'sdpa'  # pylint: disable=protected-access
@@ -133,7 +134,7 @@ def torch_side(case: dict[str, Any], model):
 
 def torch_loss(ref, batch):
   """Mean token cross-entropy of the PyTorch twin on our batch."""
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   t = {k: torch.from_numpy(np.array(v)).long() for k, v in batch.items()}
   if 'src' in t:
     logits, targets = ref(t['src'], t['tgt_in']), t['tgt_out']
@@ -153,7 +154,7 @@ def torch_train_step(ref, opt, batch):
 
 
 def torch_eval_step(ref, batch):
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   ref.eval()
   with torch.inference_mode():
     return float(torch_loss(ref, batch))
@@ -178,7 +179,7 @@ def same_loss(case: dict[str, Any]) -> dict[str, float]:
 
 def run_case(case: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
   """Rows for the train step and the eval forward of one model."""
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   check = same_loss(case)
   if check['loss_rel_diff'] > 1e-4:
     raise AssertionError(f'{case["name"]}: losses differ ({check}); the '
@@ -223,7 +224,7 @@ def run_case(case: dict[str, Any], rounds: int) -> list[dict[str, Any]]:
 def run(rounds: int = 7, models: tuple[str, ...] = ('transformer_base',
                                                      'default_lm')):
   """Rows for every model named (see the module docstring)."""
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   torch.manual_seed(0)
   # XLA's CPU client uses every core this process may run on; so does torch.
   torch.set_num_threads(len(os.sched_getaffinity(0)))

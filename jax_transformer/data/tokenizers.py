@@ -241,7 +241,6 @@ class HuggingFaceTokenizer:
 
   def __init__(self, tokenizer_json: str,
                special_tokens: Mapping[str, str | None] | None = None):
-    # pylint: disable-next=g-import-not-at-top
     self._json = tokenizer_json
     self._tok = _Backend.from_str(tokenizer_json)
     special_tokens = special_tokens or {}
@@ -354,7 +353,6 @@ def to_huggingface(tokenizer: Tokenizer) -> HuggingFaceTokenizer | None:
     return tokenizer
   if not isinstance(tokenizer, ByteTokenizer):
     return None
-  # pylint: disable-next=g-import-not-at-top
   names = ('<pad>', '<s>', '</s>', '<unk>')
   vocab = {name: i for i, name in enumerate(names)}
   vocab.update({c: b + NUM_RESERVED for b, c in _bytes_to_unicode().items()})

@@ -140,7 +140,7 @@ def torch_config(trained: Trained) -> dict[str, Any]:
 
 
 def _write_torch(trained: Trained, out: str) -> list[str]:
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   layout = LAYOUTS[trained.kind]
   state_dict = _tensors(layout.to_torch(trained.model))
   torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, out)
@@ -321,15 +321,15 @@ def _compared_positions(batch: dict[str, np.ndarray]) -> np.ndarray:
 
 def _torch_model(fmt: str, out: str):
   """The export loaded as its PyTorch user would (strict=True)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
+  import transformers  # optional (the test extra), heavy
   if fmt == 'hf':
     return transformers.GPT2LMHeadModel.from_pretrained(
         out, dtype=torch.float32).eval()
   with open(sidecar(out, CONFIG_SUFFIX)) as f:
     meta = json.load(f)
   if meta['layout'] == 'reference':
-    # pylint: disable-next=g-import-not-at-top
+    # It imports torch, optional (the test extra).
     from jax_transformer.interop.torch_reference import TorchTransformer
     module = TorchTransformer(**meta['torch_config'])
   else:
@@ -340,7 +340,7 @@ def _torch_model(fmt: str, out: str):
 
 
 def _torch_logits(module, batch: dict[str, np.ndarray]) -> np.ndarray:
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   t = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
   with torch.no_grad():
     if 'ids' in t:

@@ -113,7 +113,7 @@ def read_source(path: str) -> Source:
 
 
 def _torch_load(path: str) -> dict[str, Any]:
-  import torch  # pylint: disable=g-import-not-at-top
+  import torch  # optional (the test extra): only PyTorch paths need it
   try:
     state_dict = torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # pylint: disable=broad-except

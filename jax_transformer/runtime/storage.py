@@ -61,7 +61,7 @@ def _missing_packages(kind: str) -> list[str]:
 
 
 def _fsspec_knows(protocol: str) -> bool:
-  import fsspec  # pylint: disable=g-import-not-at-top
+  import fsspec  # only where a gs:// workdir is asked about
   try:
     fsspec.get_filesystem_class(protocol)
   except (ImportError, ValueError):
