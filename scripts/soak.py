@@ -78,7 +78,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if args.data_dir:
     args.data_dir = os.path.abspath(args.data_dir)
   path, colon, preset = args.config.partition(':')
-  args.config = os.path.abspath(path) + colon + preset
+  if os.sep in path or path.endswith('.py'):  # a file, not a config name
+    args.config = os.path.abspath(path) + colon + preset
   return args
 
 
@@ -294,18 +295,25 @@ def logged(workdir: str) -> list[dict]:
 def compare_metrics(reference: list[dict], got: list[dict],
                     where: str) -> None:
   by_step = {row['step']: row for row in reference}
-  for row in got:
+  for i, row in enumerate(got):
     want = by_step.get(row['step'])
     if want is None:
       raise SoakFailure(f'{where}: logged step {row["step"]}, which the '
                         'uninterrupted run did not.')
     for key in EXACT_METRICS:
+      if key not in row and _logged_later(got[i + 1:], row['step'], key):
+        continue  # an evaluation a stop signal cut, finished by a restart
       if (key in want or key in row) and want.get(key) != row.get(key):
         raise SoakFailure(f'{where}: {key} at step {row["step"]} is '
                           f'{row.get(key)}, uninterrupted {want.get(key)}.')
   if {row['step'] for row in got} != set(by_step):
     raise SoakFailure(f'{where}: steps logged differ from the '
                       'uninterrupted run.')
+
+
+def _logged_later(rows: list[dict], step: int, key: str) -> bool:
+  """Whether a row of rows re-logs step with key."""
+  return any(r['step'] == step and key in r for r in rows)
 
 
 def check_round(args, reference: str, workdir: str) -> None:

@@ -44,6 +44,11 @@ def test_every_logged_loss_must_repeat_exactly(soak):
     soak.compare_metrics(reference, changed, 'run')
   with pytest.raises(soak.SoakFailure, match='steps logged differ'):
     soak.compare_metrics(reference, reference[:1], 'run')
+  # An evaluation cut by a stop signal passes only when a restart logs it.
+  cut = [reference[0], {'step': 2, 'loss': 1.5}]
+  with pytest.raises(soak.SoakFailure, match='eval_loss at step 2 is None'):
+    soak.compare_metrics(reference, cut, 'run')
+  soak.compare_metrics(reference, cut + [reference[1]], 'run')
 
 
 def test_a_seed_fixes_every_kill(soak):
@@ -66,7 +71,8 @@ def test_killed_and_resumed_training_equals_an_uninterrupted_run(
   status = soak.main(['--workdir', str(tmp_path / 'soak'), '--cycles', '3',
                       '--seed', '6', '--num_steps', '8',
                       '--data_dir', data_dir])
-  out = capsys.readouterr().out
-  assert status == 0, out
+  captured = capsys.readouterr()
+  out = captured.out
+  assert status == 0, out + captured.err  # the verdict is on stderr
   assert out.count('SIG') == 3 and 'bit for bit' in out, out
   assert out.splitlines()[-1].startswith('OK: ')
