@@ -8,7 +8,10 @@ Typical use (see docs/data.md)::
                           batch_size=64, seq_len=256, seed=0)
   batch = next(it)  # inputs, targets, segment_ids, positions: [64, 256]
 
-TFDS and the builders are imported only when a dataset is read or built.
+Modules, bottom to top: ``tokenizers``, ``batching`` (example layouts and
+packing), ``downloads`` (TFDS downloads without TensorFlow), the builders
+(``shakespeare``, ``ding``, ``lm1b``, ``wmt``; ``builders`` picks one by
+name), ``datasets`` (what exists, ``prepare``), ``pipeline`` (Grain).
 """
 
 from jax_transformer.data.batching import (
