@@ -223,10 +223,10 @@ def what_it_read(log_path: str) -> str:
   with open(log_path, errors='replace') as f:
     text = f.read()
   resumed = re.findall(r'Resumed from step (\d+)', text)
-  skipped = re.findall(r'Skipped checkpoint step (\d+)', text)
+  skipped = re.findall(r'Checkpoint step (\d+) could not be read', text)
   said = f', resumed from step {resumed[0]}' if resumed else ''
   if skipped:
-    said += f' (skipped unreadable step {", ".join(skipped)})'
+    said += f' (moved aside unreadable step {", ".join(skipped)})'
   return said
 
 

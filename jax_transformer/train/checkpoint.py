@@ -13,6 +13,7 @@ string is resolved on entry), local or in object storage.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -44,13 +45,16 @@ class Checkpointer:
 
   def __init__(self, workdir: str | WorkdirPaths, keep: int = 3,
                async_save: bool = True):
-    self.manager = ocp.CheckpointManager(
-        resolve(workdir).checkpoints,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=async_save,
-            create=True,
-            # Temporary step folders a killed save left behind.
-            cleanup_tmp_directories=True))
+    # Orbax reads every step's metadata here and logs a damaged one in its
+    # own words; restore() reports it in ours.
+    with _quiet_orbax():
+      self.manager = ocp.CheckpointManager(
+          resolve(workdir).checkpoints,
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=keep, enable_async_checkpointing=async_save,
+              create=True,
+              # Temporary step folders a killed save left behind.
+              cleanup_tmp_directories=True))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -134,29 +138,54 @@ class Checkpointer:
 
     A checkpoint written with the other layer layout (scan_layers) is
     converted to abstract_state's. Without ``step``, a checkpoint that
-    cannot be read (a torn write, a truncated or emptied file) is skipped,
-    with a warning naming it and why, for the newest one that can; if none
-    can, the newest one's error is raised.
+    cannot be read (a torn write, a damaged or missing file) is moved aside
+    within checkpoints/ (``STEP.unreadable``), with one line naming it and
+    why, and the newest one that every process can read is restored; a run
+    then saves over the same step numbers. If none can be read, the newest
+    one's error is raised and nothing is moved.
     """
     if step is not None:
       return self._restore_step(abstract_state, step)
-    errors = []
-    for candidate in sorted(self.manager.all_steps(), reverse=True):
-      try:
-        restored = self._restore_step(abstract_state, candidate)
-      except CheckpointMismatch:
-        raise  # readable but another model: older steps would not fit either
-      except Exception as err:  # pylint: disable=broad-except
-        errors.append((candidate, err))
-        continue
-      for skipped, err in errors:
-        logging.warning('Skipped checkpoint step %d, which could not be '
-                        'read (%s); resuming from step %d.', skipped,
-                        _first_line(err), candidate)
-      return restored
+    errors, restored = [], None
+    with _quiet_orbax():  # its own lines about damaged files: ours follow
+      for candidate in sorted(self.manager.all_steps(), reverse=True):
+        try:
+          attempt = self._restore_step(abstract_state, candidate)
+        except CheckpointMismatch:
+          raise  # readable but another model: older steps would not fit
+        except Exception as err:  # pylint: disable=broad-except
+          attempt, error = None, err
+        if _everywhere(attempt is not None):
+          restored = attempt
+          break
+        errors.append((candidate, error if attempt is None else
+                       RuntimeError('another process could not read it')))
+    if restored is None:
+      if errors:
+        raise errors[0][1]
+      raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint.')
+    for skipped, err in errors:
+      moved = self._move_aside(skipped)
+      logging.warning('Checkpoint step %d could not be read (%s); moved it '
+                      'to %s and resumed from step %d.', skipped,
+                      _first_line(err), moved, candidate)
     if errors:
-      raise errors[0][1]
-    raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint.')
+      self.manager.reload()  # forget the moved steps: they are saved again
+    return restored
+
+  def _move_aside(self, step: int) -> str:
+    """Renames checkpoints/STEP to STEP.unreadable (STEP.unreadable.N when
+    taken) on process 0, where nothing reads or deletes it; all processes
+    wait for it. Returns the new path."""
+    directory = self.manager.directory
+    target, n = directory / f'{step}.unreadable', 1
+    while target.exists():
+      target, n = directory / f'{step}.unreadable.{n}', n + 1
+    if jax.process_index() == 0:
+      (directory / str(step)).rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f'moved aside step {step}')
+    return str(target)
 
   def _restore_step(self, abstract_state: dict[str, Any], step: int
                     ) -> tuple[dict[str, Any], Any]:
@@ -328,3 +357,22 @@ def load_config(workdir: str | WorkdirPaths
   if not path.exists():
     return None
   return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def _everywhere(ok: bool) -> bool:
+  """Whether ok holds on every process (the same answer on all)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """absl's log (Orbax writes to it) silenced: a damaged checkpoint is
+  reported once, by this module, in one line."""
+  before = logging.get_verbosity()
+  logging.set_verbosity(logging.FATAL)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(before)

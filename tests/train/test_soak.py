@@ -3,6 +3,7 @@ for bit where an uninterrupted run does; its comparisons catch one bit."""
 
 import random
 
+import jax
 import numpy as np
 import pytest
 import script_helpers
@@ -65,6 +66,9 @@ def test_killed_and_resumed_training_equals_an_uninterrupted_run(
     soak, tmp_path, monkeypatch, capsys):
   data_dir = str(tmp_path / 'tfds')
   data.prepare('shakespeare', data_dir)
+  # This process keeps its 8 devices (soak.py reads checkpoints here too):
+  # start JAX before the flag below, meant for the train.py it starts.
+  jax.devices()
   # Two devices: sharded checkpoints, at less compile time than eight.
   monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=2')
   # Seed 6 plans SIGKILL mid-save, SIGKILL after 4 steps, SIGTERM by a save.

@@ -46,7 +46,7 @@ def _empty(step_dir):
 
 
 @pytest.mark.parametrize('tear', [_truncate, _empty])
-def test_resume_skips_a_torn_checkpoint_and_says_so(tmp_path, caplog, tear):
+def test_resume_moves_a_torn_checkpoint_aside_and_says_so(tmp_path, caplog, tear):
   _save_steps(tmp_path, 1, 2)
   tear(tmp_path / 'checkpoints' / '2')
   loader = checkpoint.Checkpointer(str(tmp_path), async_save=False)
@@ -55,9 +55,10 @@ def test_resume_skips_a_torn_checkpoint_and_says_so(tmp_path, caplog, tear):
   loader.close()
   assert int(state['step']) == 1 and data_state == {'position': 1}
   np.testing.assert_array_equal(state['params']['w'], 1.0)
-  assert any('Skipped checkpoint step 2' in r.getMessage()
-             and 'resuming from step 1' in r.getMessage()
+  assert any('Checkpoint step 2 could not be read' in r.getMessage()
+             and '2.unreadable and resumed from step 1' in r.getMessage()
              for r in caplog.records)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2.unreadable']
 
 
 def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
@@ -68,6 +69,8 @@ def test_no_readable_checkpoint_raises_the_newest_error(tmp_path):
   with pytest.raises(Exception):
     loader.restore(_abstract())
   loader.close()
+  # Nothing to fall back to: nothing is moved.
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
 
 
 def test_side_files_are_written_whole(tmp_path):

@@ -1,0 +1,121 @@
+"""A committed checkpoint damaged afterwards (a disk error, a partial copy,
+an object store that lost a part) is moved aside with one line, and the run
+goes on from the newest readable step to its last, equal to a run that
+never stopped.
+
+The workdir: lm_shakespeare:tiny trained 8 steps, a checkpoint every 2,
+5 kept; it resumes to step 10.
+"""
+
+import logging
+import os
+import random
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from jax_transformer.cli import load_config
+from jax_transformer.model.params import split
+from jax_transformer.train import restore, trainer
+
+pytestmark = pytest.mark.slow
+
+
+def _config(data_dir, num_steps):
+  cfg = load_config('lm_shakespeare:tiny')
+  cfg.data.data_dir = data_dir
+  cfg.sample.enabled = False
+  cfg.update(num_steps=num_steps, checkpoint_every=2, keep_checkpoints=5,
+             log_every=2, eval_every=10)
+  return cfg
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory, real_data_dir):
+  """(a workdir trained to step 8, the final params of one trained to 10
+  without stopping, the data dir)."""
+  root = tmp_path_factory.mktemp('damage')
+  trainer.train_and_evaluate(_config(real_data_dir, 8), str(root / 'at8'))
+  trainer.train_and_evaluate(_config(real_data_dir, 10), str(root / 'whole'))
+  return root / 'at8', _params(root / 'whole'), real_data_dir
+
+
+def _params(workdir):
+  model, _ = restore.load_for_inference(str(workdir))
+  return jax.device_get(split(model)[1])
+
+
+def _files(step_dir):
+  return sorted(os.path.join(d, f) for d, _, fs in os.walk(step_dir)
+                for f in fs)
+
+
+def truncate(step_dir):
+  for f in _files(step_dir):
+    os.truncate(f, os.path.getsize(f) // 2)
+
+
+def empty(step_dir):
+  for f in _files(step_dir):
+    os.truncate(f, 0)
+
+
+def scramble(step_dir):
+  rng = random.Random(0)
+  for f in _files(step_dir):
+    with open(f, 'r+b') as out:
+      out.write(rng.randbytes(os.path.getsize(f)))
+
+
+def drop_a_file(step_dir):
+  arrays = [f for f in _files(os.path.join(step_dir, 'params'))
+            if os.sep + 'd' + os.sep in f]
+  os.remove(max(arrays, key=os.path.getsize))
+
+
+def drop_a_folder(step_dir):
+  shutil.rmtree(os.path.join(step_dir, 'params'))
+
+
+DAMAGE = [truncate, empty, scramble, drop_a_file, drop_a_folder]
+
+
+@pytest.mark.parametrize('steps', [(8,), (8, 6)], ids=['latest', 'two'])
+@pytest.mark.parametrize('damage', DAMAGE, ids=lambda f: f.__name__)
+def test_a_damaged_step_is_moved_aside_and_the_run_goes_on(
+    runs, tmp_path, caplog, damage, steps):
+  at8, whole, data_dir = runs
+  workdir = tmp_path / 'run'
+  shutil.copytree(at8, workdir)
+  for step in steps:
+    damage(str(workdir / 'checkpoints' / str(step)))
+  with caplog.at_level(logging.WARNING):
+    last = trainer.train_and_evaluate(_config(data_dir, 10), str(workdir))
+  assert 'interrupted' not in last
+  fallback = min(steps) - 2
+  lines = [r.getMessage() for r in caplog.records
+           if 'could not be read' in r.getMessage()]
+  assert len(lines) == len(steps), lines
+  for step, line in zip(steps, lines):
+    assert line.startswith(f'Checkpoint step {step} could not be read')
+    assert f'{step}.unreadable and resumed from step {fallback}.' in line
+  names = sorted(os.listdir(workdir / 'checkpoints'))
+  assert names == sorted(['2', '4', '6', '8', '10'] +
+                         [f'{s}.unreadable' for s in steps])
+  # From the fallback on, the run is the one that never stopped.
+  got = _params(workdir)
+  for name in whole:
+    np.testing.assert_array_equal(got[name], whole[name], err_msg=name)
+
+
+def test_a_second_damage_of_the_same_step_keeps_the_first(runs, tmp_path):
+  at8, whole, data_dir = runs
+  workdir = tmp_path / 'run'
+  shutil.copytree(at8, workdir)
+  (workdir / 'checkpoints' / '8.unreadable').mkdir()
+  truncate(str(workdir / 'checkpoints' / '8'))
+  trainer.train_and_evaluate(_config(data_dir, 10), str(workdir))
+  assert {'8.unreadable', '8.unreadable.1', '8', '10'} <= set(
+      os.listdir(workdir / 'checkpoints'))
