@@ -238,7 +238,12 @@ class Checkpointer:
         'rerun to resume from the newest complete checkpoint.')
 
   def close(self) -> None:
-    self.manager.close()
+    """Waits for a save in flight and stops Orbax's threads; a save that
+    failed was reported by wait() or check_errors(), not again here."""
+    try:
+      self.manager.close()
+    except Exception:  # pylint: disable=broad-except
+      logging.info('Closing the checkpoint manager after a failed save.')
 
 
 def _first_difference(saved: dict[str, Any], wanted: dict[str, Any]):

@@ -387,10 +387,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
         break
   finally:
     progress.close()
-    checkpointer.wait()
-    checkpointer.close()
-    writer.close()
-    preemption.restore()
+    try:
+      checkpointer.wait()  # raises SaveFailed for a save that failed
+    finally:
+      # Every exit path: no save or thread of this run outlives it.
+      checkpointer.close()
+      writer.close()
+      preemption.restore()
   finished_now = finished_now or (step == cfg.num_steps > start_step)
   if finished_now and 'interrupted' not in last and cfg.sample.enabled:
     log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
