@@ -49,10 +49,6 @@ class WorkdirPaths:
     return os.fspath(self.root)
 
   @property
-  def is_remote(self) -> bool:
-    return storage.is_remote(self.root)
-
-  @property
   def config(self) -> epath.Path:
     return self.root / CONFIG_FILE
 
