@@ -115,6 +115,12 @@ def config_names() -> list[str]:
                 if name.endswith('.py') and not name.startswith('_'))
 
 
+def names_a_file(name_or_path: str) -> bool:
+  """Whether a --config value (less its :preset) is a path, not a name."""
+  return ('/' in name_or_path or os.sep in name_or_path
+          or name_or_path.endswith('.py'))
+
+
 def config_path(name_or_path: str) -> str:
   """The file of ``--config NAME`` (a file of configs/) or of a path.
 
@@ -122,8 +128,7 @@ def config_path(name_or_path: str) -> str:
   directory); anything else is a name. Raises UsageError when neither
   names a file.
   """
-  if os.sep in name_or_path or '/' in name_or_path or name_or_path.endswith(
-      '.py'):
+  if names_a_file(name_or_path):
     if not os.path.isfile(name_or_path):
       raise UsageError(f'--config {name_or_path}: the file does not exist; '
                        'give a config name such as lm_shakespeare or a file '

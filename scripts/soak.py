@@ -30,6 +30,8 @@ import sys
 import time
 from typing import NamedTuple, Sequence
 
+from jax_transformer import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # train.py's status after SIGTERM: saved, not finished (trainer.py).
@@ -78,7 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if args.data_dir:
     args.data_dir = os.path.abspath(args.data_dir)
   path, colon, preset = args.config.partition(':')
-  if os.sep in path or path.endswith('.py'):  # a file, not a config name
+  if cli.names_a_file(path):  # a name is resolved by train.py itself
     args.config = os.path.abspath(path) + colon + preset
   return args
 
