@@ -47,9 +47,10 @@ class Checkpointer:
                async_save: bool = True):
     # Orbax reads every step's metadata here and logs a damaged one in its
     # own words; restore() reports it in ours.
+    self.paths = resolve(workdir)
     with _quiet_orbax():
       self.manager = ocp.CheckpointManager(
-          resolve(workdir).checkpoints,
+          self.paths.checkpoints,
           options=ocp.CheckpointManagerOptions(
               max_to_keep=keep, enable_async_checkpointing=async_save,
               create=True,
@@ -76,7 +77,7 @@ class Checkpointer:
 
   def _saved_params(self, step: int) -> dict[str, Any]:
     """The checkpoint's parameter metadata (names to shape and dtype)."""
-    path = self.manager.directory / str(step) / 'params'
+    path = self.paths.checkpoint(step) / 'params'
     # The handler reads the tree's metadata without looking for a step-level
     # metadata file (which StandardCheckpointer warns is missing).
     return ocp.StandardCheckpointHandler().metadata(path)
@@ -98,7 +99,7 @@ class Checkpointer:
     """Raises CheckpointMismatch naming the first optimizer-state entry
     that the checkpoint and abstract_train (the state less params) do not
     both hold with one shape."""
-    path = self.manager.directory / str(step) / 'train'
+    path = self.paths.checkpoint(step) / 'train'
     # The handler, not StandardCheckpointer: see _saved_params.
     saved = ocp.StandardCheckpointHandler().metadata(path)
     differ = _first_difference(
@@ -177,12 +178,12 @@ class Checkpointer:
     """Renames checkpoints/STEP to STEP.unreadable (STEP.unreadable.N when
     taken) on process 0, where nothing reads or deletes it; all processes
     wait for it. Returns the new path."""
-    directory = self.manager.directory
+    directory = self.paths.checkpoints
     target, n = directory / f'{step}.unreadable', 1
     while target.exists():
       target, n = directory / f'{step}.unreadable.{n}', n + 1
     if jax.process_index() == 0:
-      (directory / str(step)).rename(target)
+      self.paths.checkpoint(step).rename(target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'moved aside step {step}')
     return str(target)
