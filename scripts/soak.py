@@ -13,9 +13,16 @@ position) and every loss it logged, before or after a kill, the reference's
 at that step. Once --cycles kills are spent, the open round runs to its end.
 
 The seed fixes each cycle's plan (signal, moment); what the moment hits
-still depends on the machine's speed. Prints one line per start, then the
-verdict; exits 1 naming the first difference. Config overrides pass through
-after ``--``, e.g. ``-- --config.mesh.data=2``.
+still depends on the machine's speed. --last_step first stops starts at
+each phase of the last step (compile, step, evaluation, save) with SIGTERM
+and SIGKILL, at points the trainer reaches (runtime/faults.py), so those
+hit the same moment on any machine. --damage damages a committed
+checkpoint at random before each restart (truncated, emptied, random
+bytes, a file or folder gone), always leaving one readable.
+
+Prints one line per start, then the verdict; exits 1 naming the first
+difference. Config overrides pass through after ``--``, e.g.
+``-- --config.mesh.data=2``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,10 @@ import sys
 import time
 from typing import NamedTuple, Sequence
 
+import checkpoint_damage
+
 from jax_transformer import cli
+from jax_transformer.runtime import faults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,11 +73,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--eval_every', type=int, default=4)
   p.add_argument('--max_start_delay', type=float, default=15.0,
                  help='latest kill, in seconds, of the after-launch kind')
+  p.add_argument('--last_step', action='store_true',
+                 help='first, stop starts at each phase of the last step')
+  p.add_argument('--damage', action='store_true',
+                 help='damage a committed checkpoint before each restart')
   p.add_argument('--timeout', type=float, default=900.0,
                  help='seconds one start may take before it counts as hung')
   p.add_argument('overrides', nargs='*',
                  help='more train.py flags, after --')
   args = p.parse_args(argv)
+  if args.last_step and args.num_steps < 3:
+    p.error('--last_step needs --num_steps 3 or more.')
   if args.cycles < 0:
     p.error(f'--cycles must be 0 or more, got {args.cycles}.')
   for name in ('num_steps', 'checkpoint_every', 'keep_checkpoints',
@@ -91,15 +107,19 @@ class Kill(NamedTuple):
   anchor 'launch': ``delay`` seconds after the start; 'checkpoint': when
   the ``count``-th new entry of checkpoints/ appears (an Orbax temporary
   directory first: mid-save), then ``delay`` seconds; 'steps': as soon as
-  metrics.jsonl holds ``count`` more rows.
+  metrics.jsonl holds ``count`` more rows; 'phase': the start signals
+  itself when it reaches ``phase`` of step ``count`` (faults.PHASES).
   """
   signum: int
   anchor: str
   count: int = 0
   delay: float = 0.0
+  phase: str = ''
 
   def __str__(self):
     name = signal.Signals(self.signum).name
+    if self.anchor == 'phase':
+      return f'{name} {_WHILE[self.phase]} step {self.count}'
     if self.anchor == 'launch':
       return f'{name} {self.delay:.2f} s after launch'
     if self.anchor == 'checkpoint':
@@ -118,6 +138,26 @@ def draw(rng: random.Random, max_start_delay: float) -> Kill:
   return Kill(signum, anchor, rng.randint(1, 4))
 
 
+# How a 'phase' kill reads, by faults.PHASES.
+_WHILE = {'data': 'reading the batch of', 'compile': 'compiling',
+          'step': 'running', 'eval': 'evaluating', 'save': 'saving'}
+
+
+def last_step_kills(num_steps: int) -> list[Kill]:
+  """Stops at each phase of the last step N, in an order where each lands:
+  a fresh start is stopped by SIGTERM in N's save (and finishes); the next
+  round's starts by SIGKILL in N's save, then in step N (back to an older
+  checkpoint), by SIGTERM in step N-1 (saving N-1), by SIGKILL and SIGTERM
+  while compiling N (which saves N with its evaluation cut), then by
+  SIGKILL and SIGTERM in the evaluation of N that a restart finishes."""
+  n, term, kill = num_steps, signal.SIGTERM, signal.SIGKILL
+  plan = [(term, 'save', n), (kill, 'save', n), (kill, 'step', n),
+          (term, 'step', n - 1), (kill, 'compile', n), (term, 'compile', n),
+          (kill, 'eval', n), (term, 'eval', n)]
+  return [Kill(signum, 'phase', step, phase=phase)
+          for signum, phase, step in plan]
+
+
 def train_command(args, workdir: str) -> list[str]:
   flags = [f'--config.num_steps={args.num_steps}',
            f'--config.checkpoint_every={args.checkpoint_every}',
@@ -133,9 +173,14 @@ def train_command(args, workdir: str) -> list[str]:
           *flags, *args.overrides]
 
 
-def launch(args, workdir: str, log_path: str) -> subprocess.Popen:
+def launch(args, workdir: str, log_path: str, kill: Kill | None = None
+           ) -> subprocess.Popen:
   # Unbuffered: a killed start's log holds everything it printed.
   env = dict(os.environ, PYTHONUNBUFFERED='1')
+  env.pop(faults.ENV, None)
+  if kill is not None and kill.anchor == 'phase':
+    name = signal.Signals(kill.signum).name
+    env[faults.ENV] = f"{name}@{kill.phase}:{kill.count}"
   # This checkout's package, whatever else is installed.
   env['PYTHONPATH'] = os.pathsep.join(
       p for p in (ROOT, env.get('PYTHONPATH')) if p)
@@ -163,6 +208,8 @@ def wait_for(proc: subprocess.Popen, kill: Kill, workdir: str,
              timeout: float) -> bool:
   """Polls until the kill's moment (True), or the start's exit or timeout
   seconds (False)."""
+  if kill.anchor == 'phase':
+    return False  # the start stops itself
   started, seen, logged = time.monotonic(), entries(workdir), rows(workdir)
   new: set[str] = set()
   moment = None
@@ -206,7 +253,7 @@ def allowed(kill: Kill | None) -> set[int]:
 
 def start(args, workdir: str, log_path: str, kill: Kill | None) -> int:
   """One start of train.py, killed as planned; its exit status."""
-  proc = launch(args, workdir, log_path)
+  proc = launch(args, workdir, log_path, kill)
   if kill is not None and wait_for(proc, kill, workdir, args.timeout):
     proc.send_signal(kill.signum)
   status = finish(proc, args.timeout, log_path)
@@ -324,6 +371,41 @@ def check_round(args, reference: str, workdir: str) -> None:
   compare_metrics(logged(reference), logged(workdir), workdir)
 
 
+def _step_order(name: str) -> tuple[int, str]:
+  return (int(name) if name.isdigit() else -1), name
+
+
+class Damage:
+  """Damages one committed step of a workdir at random (a kind of
+  checkpoint_damage), never the last readable one: a run with no readable
+  checkpoint is refused, not restarted from scratch."""
+
+  def __init__(self, rng: random.Random):
+    self._rng = rng
+    self._done = set()  # (step, inode) of the step folders damaged
+
+  def __call__(self, workdir: str) -> str:
+    """Damages one; says which and how (empty when it damaged none)."""
+    folder = os.path.join(workdir, 'checkpoints')
+    intact = [name for name in sorted(entries(workdir), key=_step_order)
+              if name.isdigit()
+              and self._key(folder, name) not in self._done]
+    if len(intact) < 2:
+      return ''
+    # The newest half the time: that is the one a restart reads.
+    name = self._rng.choice([intact[-1], self._rng.choice(intact[:-1])])
+    how = self._rng.choice(sorted(checkpoint_damage.DAMAGES))
+    self._done.add(self._key(folder, name))
+    checkpoint_damage.DAMAGES[how](os.path.join(folder, name))
+    return f'{how} step {name}, '
+
+  @staticmethod
+  def _key(folder: str, name: str) -> tuple[str, int]:
+    # A step saved again after its damaged folder was moved aside is a new
+    # folder: the inode tells them apart.
+    return name, os.stat(os.path.join(folder, name)).st_ino
+
+
 def soak(args) -> dict[str, int]:
   """Runs the reference and the killed rounds; returns counts of what
   happened (starts, kills, rounds checked). Raises SoakFailure."""
@@ -331,23 +413,25 @@ def soak(args) -> dict[str, int]:
   reference = os.path.join(args.workdir, 'reference')
   start(args, reference, reference + '.log', None)
   rng = random.Random(args.seed)
+  damage = Damage(random.Random(f'{args.seed} damage')) if args.damage else None
+  kills = last_step_kills(args.num_steps) if args.last_step else []
+  kills += [draw(rng, args.max_start_delay) for _ in range(args.cycles)]
   counts = {'starts': 1, 'killed': 0, 'rounds': 0}
   workdir, attempt = None, 0
-  for cycle in range(args.cycles + 1):
-    last = cycle == args.cycles
-    if last and workdir is None:
+  for cycle, kill in enumerate(kills + [None]):
+    if kill is None and workdir is None:
       break  # every round already finished
     if workdir is None:
       workdir = os.path.join(args.workdir, f'round_{counts["rounds"]}')
       attempt = 0
-    kill = None if last else draw(rng, args.max_start_delay)
+    damaged = damage(workdir) if damage and attempt else ''
     log_path = f'{workdir}.{attempt}.log'
     status = start(args, workdir, log_path, kill)
     counts['starts'] += 1
     counts['killed'] += status != 0
     print(f'cycle {cycle}: {os.path.basename(workdir)} start {attempt}, '
-          f'{kill or "no kill"}: exit {status}{what_it_read(log_path)}',
-          flush=True)
+          f'{damaged}{kill or "no kill"}: exit {status}'
+          f'{what_it_read(log_path)}', flush=True)
     attempt += 1
     if status == 0:
       check_round(args, reference, workdir)

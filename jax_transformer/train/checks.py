@@ -52,6 +52,12 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
     raise UsageError(f'config.data.data_dir={data_dir}: prepared data must '
                      'be on a local or mounted path (object storage works '
                      'for --workdir).')
+  timeout = cfg.get('step_timeout_s')
+  if timeout is not None and (isinstance(timeout, bool)
+                              or not isinstance(timeout, (int, float))
+                              or not timeout >= 0):
+    raise UsageError('config.step_timeout_s must be a number of seconds >= 0 '
+                     f'(0: never; unset: automatic), got {timeout!r}.')
   skips = cfg.optim.get('max_skipped_updates', 0)
   if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
     raise UsageError('config.optim.max_skipped_updates must be a '

@@ -92,6 +92,11 @@ def base_config() -> ConfigDict:
   # when the vocabulary is large.
   c.loss_chunk_size = 0
   c.keep_checkpoints = 3
+  # Seconds without a finished step (or evaluation batch, or save) after
+  # which the run prints every thread's stack and exits with status 124
+  # (runtime/stall.py). Unset: 20x the longest interval seen, at least
+  # 600 s; 0: never. Compiling is not counted.
+  c.step_timeout_s = optional(float)
   c.seed = 0
   c.optim = ConfigDict(dict(
       optimizer='adamw', schedule='warmup_cosine', learning_rate=2e-3,

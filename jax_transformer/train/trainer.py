@@ -5,6 +5,7 @@ Everything impure lives here; the math is in ``steps.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ from jax_transformer import data, decoding
 from jax_transformer.decoding import sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
-from jax_transformer.runtime import distributed, storage
+from jax_transformer.runtime import distributed, faults, stall, storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import (
   checkpoint,
@@ -305,24 +306,45 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   interrupted_eval = False
   max_skipped = cfg.optim.get('max_skipped_updates', 0)
   finished_now = step == cfg.num_steps > start_step
+  # Ends this process if nothing progresses for config.step_timeout_s.
+  watch = stall.StallWatch(cfg.get('step_timeout_s'),
+                           os.fspath(workdir.checkpoints))
+  evaluated = []  # whether this start has evaluated (compiled eval steps)
+
+  def evaluate_at(at: int) -> dict[str, float]:
+    """evaluate() after step ``at``, reporting progress between batches;
+    unwatched the first time, which compiles the evaluation's steps."""
+    def stop(count: int) -> bool:
+      faults.reached('eval', at)
+      watch.report()
+      return preemption.should_stop(count)
+    with watch.paused() if not evaluated else contextlib.nullcontext():
+      try:
+        return evaluate(eval_step, state['params'], cfg, tokenizer, mesh,
+                        setup, stop=stop)
+      finally:
+        evaluated.append(at)
+
   try:
-    if step == cfg.num_steps and _final_evaluation_abandoned(workdir, step):
-      # A stop signal during the last evaluation saved the last step
-      # without it: finish it now, as the uninterrupted run would have.
+    if _is_eval_step(step, cfg) and _evaluation_abandoned(workdir, step):
+      # A stop signal during this step's evaluation saved the step without
+      # it: finish it now, as the uninterrupted run would have.
       try:
         row = _logged_row(workdir, step)
-        row.update(evaluate(eval_step, state['params'], cfg, tokenizer,
-                            mesh, setup, stop=preemption.should_stop))
+        row.update(evaluate_at(step))
         writer.write(step, row)  # replaces the row without evaluation
-        last, finished_now = row, True
+        last, finished_now = row, step == cfg.num_steps
         log(f'Finished the evaluation of step {step}, which a stop '
             'signal had interrupted.')
       except evaluation.Interrupted:
         last['interrupted'] = preemption.requested or 'another host'
-    while step < cfg.num_steps:
+    while step < cfg.num_steps and 'interrupted' not in last:
+      faults.reached('data', step + 1)
       batch = data.global_batch(next(train_iter), mesh)
       if compiled is None:
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        faults.reached('compile', step + 1)
+        with watch.paused(), jax.sharding.use_abstract_mesh(
+            mesh.abstract_mesh):
           compiled, rates.compile_s = perf.compile_timed(train_step, state,
                                                          batch)
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
@@ -334,6 +356,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
         sync('train step compiled')
         tick = time.perf_counter()
       state, metrics = compiled(state, batch)
+      faults.reached('step', step + 1)
       pending.append(metrics)
       checkpointer.check_errors()  # a failed background save stops the run
       if previous is not None:
@@ -341,25 +364,26 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
         # signal or a save never waits behind a backlog of dispatches.
         check_finite(jax.device_get(previous), step, checkpointer,
                      max_skipped)
+        watch.report()  # step `step` finished
         progress.update(1)
       previous = metrics
       step += 1
       done = step == cfg.num_steps
       if step % cfg.log_every == 0 or done:
         sums = jax.device_get(pending)  # waits for the step just dispatched
+        watch.report()
         now = time.perf_counter()
         progress.update(1)
         previous = None
         last = _summarise(sums, setup, cfg, step)
         last.update(rates.row(len(sums), last['target_tokens'], now - tick))
         pending = []
-        if step % cfg.eval_every == 0 or done:
+        if _is_eval_step(step, cfg):
           try:
-            last.update(evaluate(eval_step, state['params'], cfg, tokenizer,
-                                 mesh, setup, stop=preemption.should_stop))
+            last.update(evaluate_at(step))
           except evaluation.Interrupted:
-            # Saved below without this evaluation; a resumed run redoes it
-            # at its next eval step.
+            # Saved below without this evaluation; a run resumed from this
+            # step finishes it first.
             interrupted_eval = True
           if main and 'eval_loss' in last:
             bleu = (f', BLEU {last["eval_bleu"]:.2f}' if 'eval_bleu' in last
@@ -380,6 +404,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
         check_finite(jax.device_get(metrics), step, checkpointer,
                      max_skipped)
         checkpointer.save(state, train_iter.get_state())
+        watch.report()
+        faults.reached('save', step)
       if stop:
         last['interrupted'] = preemption.requested or 'another host'
         log(f'\n{last["interrupted"]}: saved step {step}; exiting to '
@@ -388,15 +414,21 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   finally:
     progress.close()
     try:
+      watch.report()  # the last save's wait is watched too
       checkpointer.wait()  # raises SaveFailed for a save that failed
     finally:
       # Every exit path: no save or thread of this run outlives it.
+      watch.stop()
       checkpointer.close()
       writer.close()
       preemption.restore()
   finished_now = finished_now or (step == cfg.num_steps > start_step)
   if finished_now and 'interrupted' not in last and cfg.sample.enabled:
-    log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+    if preemption.requested:  # during the last save: exit now, finished
+      log(f'{preemption.requested} after the last save: finished, without '
+          'the sample.')
+    else:
+      log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
   if watchdog:
     watchdog.stop()
   return last
@@ -410,10 +442,18 @@ def _logged_row(workdir: WorkdirPaths, step: int) -> dict:
   return {k: v for k, v in rows[-1].items() if k != 'step'} if rows else {}
 
 
-def _final_evaluation_abandoned(workdir: WorkdirPaths, step: int) -> bool:
-  """Whether the last step's row was logged without its evaluation (a
-  stop signal interrupted it), as process 0 reads metrics.jsonl; every
-  process gets the same answer, since evaluating is collective."""
+def _is_eval_step(step: int, cfg: ml_collections.ConfigDict) -> bool:
+  """Whether step is evaluated after it (every eval_every, and the last);
+  a step not logged (log_every) is not."""
+  logged = step % cfg.log_every == 0 or step == cfg.num_steps
+  return step > 0 and logged and (step % cfg.eval_every == 0
+                                  or step == cfg.num_steps)
+
+
+def _evaluation_abandoned(workdir: WorkdirPaths, step: int) -> bool:
+  """Whether step's row was logged without its evaluation (a stop signal
+  interrupted it), as process 0 reads metrics.jsonl; every process gets
+  the same answer, since evaluating is collective."""
   abandoned = False
   if jax.process_index() == 0:
     row = _logged_row(workdir, step)

@@ -9,12 +9,12 @@ The workdir: lm_shakespeare:tiny trained 8 steps, a checkpoint every 2,
 
 import logging
 import os
-import random
 import shutil
 
 import jax
 import numpy as np
 import pytest
+from checkpoint_damage import DAMAGES, truncate
 
 from jax_transformer.cli import load_config
 from jax_transformer.model.params import split
@@ -23,11 +23,11 @@ from jax_transformer.train import restore, trainer
 pytestmark = pytest.mark.slow
 
 
-def _config(data_dir, num_steps):
+def _config(data_dir, num_steps, keep=5):
   cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = data_dir
   cfg.sample.enabled = False
-  cfg.update(num_steps=num_steps, checkpoint_every=2, keep_checkpoints=5,
+  cfg.update(num_steps=num_steps, checkpoint_every=2, keep_checkpoints=keep,
              log_every=2, eval_every=10)
   return cfg
 
@@ -47,39 +47,7 @@ def _params(workdir):
   return jax.device_get(split(model)[1])
 
 
-def _files(step_dir):
-  return sorted(os.path.join(d, f) for d, _, fs in os.walk(step_dir)
-                for f in fs)
-
-
-def truncate(step_dir):
-  for f in _files(step_dir):
-    os.truncate(f, os.path.getsize(f) // 2)
-
-
-def empty(step_dir):
-  for f in _files(step_dir):
-    os.truncate(f, 0)
-
-
-def scramble(step_dir):
-  rng = random.Random(0)
-  for f in _files(step_dir):
-    with open(f, 'r+b') as out:
-      out.write(rng.randbytes(os.path.getsize(f)))
-
-
-def drop_a_file(step_dir):
-  arrays = [f for f in _files(os.path.join(step_dir, 'params'))
-            if os.sep + 'd' + os.sep in f]
-  os.remove(max(arrays, key=os.path.getsize))
-
-
-def drop_a_folder(step_dir):
-  shutil.rmtree(os.path.join(step_dir, 'params'))
-
-
-DAMAGE = [truncate, empty, scramble, drop_a_file, drop_a_folder]
+DAMAGE = list(DAMAGES.values())
 
 
 @pytest.mark.parametrize('steps', [(8,), (8, 6)], ids=['latest', 'two'])
@@ -119,3 +87,21 @@ def test_a_second_damage_of_the_same_step_keeps_the_first(runs, tmp_path):
   trainer.train_and_evaluate(_config(data_dir, 10), str(workdir))
   assert {'8.unreadable', '8.unreadable.1', '8', '10'} <= set(
       os.listdir(workdir / 'checkpoints'))
+
+
+def test_an_older_damaged_step_is_never_read_and_rotates_away(
+    runs, tmp_path, capfd):
+  at8, whole, data_dir = runs
+  workdir = tmp_path / 'run'
+  shutil.copytree(at8, workdir)
+  truncate(str(workdir / 'checkpoints' / '4'))
+  trainer.train_and_evaluate(_config(data_dir, 10, keep=3), str(workdir))
+  out = capfd.readouterr()
+  # Nothing read it, so nothing (ours or Orbax's) speaks of it.
+  assert 'could not be read' not in out.out + out.err
+  assert 'step 4' not in out.err and 'json' not in out.err.lower(), out.err
+  assert sorted(os.listdir(workdir / 'checkpoints'), key=int) == [
+      '6', '8', '10']
+  got = _params(workdir)
+  for name in whole:
+    np.testing.assert_array_equal(got[name], whole[name], err_msg=name)
