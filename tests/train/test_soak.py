@@ -78,7 +78,7 @@ def test_damage_never_touches_the_last_intact_step(soak, tmp_path):
     (arrays / 'chunk').write_bytes(b'0123456789')
   (tmp_path / 'checkpoints' / '4.unreadable').mkdir()
   said = damage(str(tmp_path))
-  assert said.split()[1] in ('2', '4'), said
+  assert said.split()[2] in ('2,', '4,'), said
   assert damage(str(tmp_path)) == ''  # one intact step left: spared
 
 
