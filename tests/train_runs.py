@@ -9,9 +9,11 @@ import repo
 
 
 def train(workdir, data_dir, *flags, devices=8, wait=True,
-          config='lm_shakespeare', **popen):
+          config='lm_shakespeare', env=None, **popen):
+  """train.py on config's tiny preset; env: more environment variables."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+             **(env or {}))
   cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'),
          '--config', os.path.join(repo.ROOT, f'configs/{config}.py:tiny'),
          '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',

@@ -17,7 +17,7 @@ import repo
 from train_runs import free_port, train
 
 from jax_transformer import data
-from jax_transformer.runtime import liveness
+from jax_transformer.runtime import faults, liveness, stall
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +105,38 @@ def test_killed_process_stops_the_trainer_survivor_with_exit_69(tmp_path,
   model, _ = load_for_inference(str(work), step)
   for name, value in split(model)[1].items():
     assert np.isfinite(value).all(), name
+
+
+def test_a_stuck_process_and_the_one_waiting_on_it_both_end_with_124(
+    tmp_path, data_dir):
+  """Process 1's reader blocks for good before step 5; process 0 then
+  waits in step 5's collectives. Each ends itself by its step timeout
+  (process 1's shorter, so that it goes first: a lost process 0 would end
+  process 1 through JAX instead), with its stacks and one line."""
+  work = tmp_path / 'w'
+  address = f'127.0.0.1:{free_port()}'
+  procs = [train(work, data_dir, '--config.num_steps=100000',
+                 '--config.checkpoint_every=2', '--config.eval_every=100000',
+                 f'--config.step_timeout_s={timeout}',
+                 f'--coordinator_address={address}', '--num_processes=2',
+                 f'--process_id={i}', '--heartbeat_timeout=120', devices=2,
+                 env={faults.ENV: 'stall@data:5'} if i else {}, wait=False)
+           for i, timeout in enumerate((12, 4))]
+  outs = [[], []]
+  readers = [read_all(p, out) for p, out in zip(procs, outs)]
+  try:
+    for p in reversed(procs):
+      wait(p, seconds=300)
+  finally:
+    waiting, stuck = outputs(procs, outs, readers)
+  for p, out, timeout in zip(procs, (waiting, stuck), (12, 4)):
+    assert p.returncode == stall.EXIT_STUCK, out[-3000:]
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith('No training step finished for '), last
+    assert f'(config.step_timeout_s={timeout})' in last, last
+    assert 'Current thread 0x' in out, out[-3000:]
+  assert 'in reached' in stuck  # blocked where the fault put it
+  assert 'in reached' not in waiting  # blocked in the step's collectives
 
 
 def start_workers(tmp_path):
