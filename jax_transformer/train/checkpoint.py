@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from typing import Any
 
 import jax
@@ -167,9 +168,9 @@ class Checkpointer:
       raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint.')
     for skipped, err in errors:
       moved = self._move_aside(skipped)
-      logging.warning('Checkpoint step %d could not be read (%s); moved it '
-                      'to %s and resumed from step %d.', skipped,
-                      _first_line(err), moved, candidate)
+      _notice(f'Checkpoint step {skipped} could not be read '
+              f'({_first_line(err)}); moved it to {moved} and resumed from '
+              f'step {candidate}.')
     if errors:
       self.manager.reload()  # forget the moved steps: they are saved again
     return restored
@@ -285,14 +286,21 @@ def _gather_json(value: Any) -> list[Any]:
   return [json.loads(bytes(b[:n])) for b, n in zip(blobs, lengths)]
 
 
+def _notice(message: str, every_process: bool = False) -> None:
+  """One line for the user on stderr, from process 0 only unless
+  every_process (a line about this process), without a logger's prefix."""
+  if every_process or jax.process_index() == 0:
+    print(message, file=sys.stderr, flush=True)
+
+
 def _own_data_state(states: list[Any]) -> Any:
   """This process's saved iterator state."""
   if len(states) != jax.process_count():
     # Another number of hosts reads other shards: positions do not map.
-    logging.warning('Checkpoint has data positions for %d processes, this run '
-                    'has %d: process %d continues from saved process %d\'s.',
-                    len(states), jax.process_count(), jax.process_index(),
-                    jax.process_index() % len(states))
+    _notice(f'Checkpoint has data positions for {len(states)} processes, '
+            f'this run has {jax.process_count()}: process '
+            f'{jax.process_index()} continues from saved process '
+            f'{jax.process_index() % len(states)}\'s.', every_process=True)
   return states[jax.process_index() % len(states)]
 
 
@@ -328,8 +336,8 @@ def run_tokenizer(workdir: str | WorkdirPaths, prepared, has_checkpoint: bool):
   saved = _try_load_tokenizer(saved_dir)
   if saved is not None and recorded in (None, fingerprint(saved)):
     if fingerprint(saved) != fingerprint(prepared):
-      logging.warning('Training with %s (the checkpoints\' tokenizer); the '
-                      'data directory\'s tokenizer differs.', saved_dir)
+      _notice(f'Training with {saved_dir} (the checkpoints\' tokenizer); the '
+              'data directory\'s tokenizer differs.')
     return saved
   if saved is not None:
     raise UsageError(f'{saved_dir} no longer matches its fingerprint in '

@@ -222,3 +222,40 @@ def test_trained_checkpoint_decodes_through_the_cli(tmp_path, data_dir,
     assert greedy.stdout.startswith(text)
   assert empty.returncode == 2
   assert empty.stderr.count('\n') == 1 and 'empty' in empty.stderr
+
+
+# Every line a resume may print, as train.py prints it: the sharding table,
+# the memory lines, progress, our resume and damage lines. Nothing else
+# (Orbax, absl, warnings) is allowed.
+OUR_LINES = [r'parameter +shape +logical axes', r'[\w.]+ +\(\d+(, \d+)*,?\) ',
+             r'mesh \{.*\}: [\d,]+ parameter bytes per device$',
+             r'Memory per device[ ,]', r'Resumed from step \d+ in .+\.$',
+             r'Compiled the train step in [\d.]+ s\.$',
+             r'step \d+: train loss [\d.]+, eval loss ',
+             r'Checkpoint step \d+ could not be read \(.+\); moved it to '
+             r'\S+\.unreadable and resumed from step \d+\.$']
+
+
+def unexpected_lines(out):
+  import re
+  # The progress bar's states, wherever they are, then line by line.
+  out = re.sub(r'train: +\d+%\|[^|]*\|[^\]]*\]', '', out)
+  lines = [line.strip() for line in re.split(r'[\r\n]', out)]
+  return [line for line in lines if line
+          and not any(re.match(p, line) for p in OUR_LINES)]
+
+
+def test_a_resume_prints_only_our_lines_and_damage_only_ours(
+    tmp_path, data_dir):
+  """The whole output of a resume, then of a resume past a damaged step."""
+  from checkpoint_damage import truncate
+  work = tmp_path / 'w'
+  train(work, data_dir, '--config.num_steps=6')
+  out = train(work, data_dir, '--config.num_steps=9')
+  assert out.count('Resumed from step 6 in') == 1, out
+  assert unexpected_lines(out) == [], out
+  truncate(str(work / 'checkpoints' / '9'))
+  out = train(work, data_dir, '--config.num_steps=12')
+  assert out.count('Checkpoint step 9 could not be read') == 1, out
+  assert out.count('Resumed from step 6 in') == 1, out
+  assert unexpected_lines(out) == [], out
