@@ -5,6 +5,8 @@ import atexit
 import os
 import shutil
 import tempfile
+import threading
+import time
 
 # Must be set before jax is imported anywhere in the test session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
@@ -25,6 +27,36 @@ _XLA_CACHE = tempfile.mkdtemp(prefix='jax_transformer_tests_xla_')
 atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 jax.config.update('jax_compilation_cache_dir', _XLA_CACHE)
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+
+
+# How long a thread a test started may take to end after the test: the
+# short-lived workers of a finished save (asyncio_N) end within it.
+THREAD_GRACE_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def no_thread_or_save_outlives_its_test():
+  """Fails a test that leaves a Checkpointer open (a save nobody awaits)
+  or a non-daemon thread running: either keeps the process from exiting
+  (the suite, or a user's train.py after an error)."""
+  from jax_transformer.train import checkpoint
+  threads = set(threading.enumerate())
+  savers = set(checkpoint.open_checkpointers())
+  yield
+  left_open = [c for c in checkpoint.open_checkpointers() if c not in savers]
+  for saver in left_open:
+    saver.close()  # so that the next tests are not blamed for its threads
+  deadline = time.monotonic() + THREAD_GRACE_S
+  while True:
+    running = [t.name for t in threading.enumerate()
+               if t not in threads and not t.daemon and t.is_alive()]
+    if not running or time.monotonic() > deadline:
+      break
+    time.sleep(0.05)
+  assert not left_open, (
+      f'{len(left_open)} Checkpointer(s) left open: '
+      f'{[str(c.paths) for c in left_open]}')
+  assert not running, f'non-daemon threads left running: {running}'
 
 
 @pytest.fixture(scope='session')

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import weakref
 from typing import Any
 
 import jax
@@ -41,6 +42,16 @@ class SaveFailed(RuntimeError):
   """A checkpoint write failed (raised at the first check after it)."""
 
 
+# Checkpointers not closed yet: each may hold a save in flight and Orbax's
+# threads (tests check that none outlives its test).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+def open_checkpointers() -> list['Checkpointer']:
+  """The Checkpointers not closed yet."""
+  return list(_OPEN)
+
+
 class Checkpointer:
   """Saves every N steps (async), keeps the last K, restores any mesh."""
 
@@ -56,7 +67,14 @@ class Checkpointer:
               max_to_keep=keep, enable_async_checkpointing=async_save,
               create=True,
               # Temporary step folders a killed save left behind.
-              cleanup_tmp_directories=True))
+              cleanup_tmp_directories=True,
+              # A step's folder is made inside save(), so that a failure to
+              # make it is raised there: made in the background, it leaves
+              # Orbax's writer threads waiting 300 s for it, and the process
+              # cannot exit until they give up.
+              async_options=ocp.AsyncOptions(
+                  create_directories_asynchronously=False)))
+    _OPEN.add(self)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -66,11 +84,14 @@ class Checkpointer:
     processes call this together)."""
     step = int(jax.device_get(state['step']))
     train = {k: v for k, v in state.items() if k != 'params'}
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state['params']),
-        train=ocp.args.StandardSave(train),
-        data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
-                      force=True)
+    try:
+      self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(state['params']),
+          train=ocp.args.StandardSave(train),
+          data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
+                        force=True)
+    except OSError as err:  # the step's folder could not be made
+      raise self._failed(err) from err
 
   def saved_scanned(self, step: int) -> bool:
     """Whether the checkpoint at step holds its layers scanned (stacked)."""
@@ -241,7 +262,11 @@ class Checkpointer:
 
   def close(self) -> None:
     """Waits for a save in flight and stops Orbax's threads; a save that
-    failed was reported by wait() or check_errors(), not again here."""
+    failed was reported by wait() or check_errors(), not again here. A
+    second call does nothing."""
+    if self not in _OPEN:
+      return
+    _OPEN.discard(self)
     try:
       self.manager.close()
     except Exception:  # pylint: disable=broad-except

@@ -240,18 +240,33 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   """Trains (resuming from workdir if it holds a checkpoint); returns the
   last logged metrics, with 'interrupted' (the signal's name) when SIGTERM
   or SIGINT stopped the run after saving."""
-  main = jax.process_index() == 0
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
   checks.check_run_fields(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
-  root = workdir.root
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
   # Ends this process with one line if another one is lost (liveness.py).
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
-  check_workdir(root, 0, 'workdir writable')
+  check_workdir(workdir.root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  try:
+    last = _train(cfg, workdir, mesh, checkpointer)
+  finally:
+    # Every exit path (finished, stopped, refused, failed): no save or
+    # thread of this run outlives it.
+    checkpointer.close()
+  if watchdog:  # not on an error: the others must see this process go
+    watchdog.stop()
+  return last
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
+           checkpointer: checkpoint.Checkpointer) -> dict[str, Any]:
+  """train_and_evaluate after its checks, with the run's checkpointer
+  (closed by the caller)."""
+  main = jax.process_index() == 0
+  root = workdir.root
   prepared = prepare_data(cfg)
   tokenizer = checkpoint.run_tokenizer(
       workdir, prepared.tokenizer, checkpointer.latest_step() is not None)
@@ -417,9 +432,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
       watch.report()  # the last save's wait is watched too
       checkpointer.wait()  # raises SaveFailed for a save that failed
     finally:
-      # Every exit path: no save or thread of this run outlives it.
       watch.stop()
-      checkpointer.close()
+      checkpointer.close()  # before the sample: its threads end now
       writer.close()
       preemption.restore()
   finished_now = finished_now or (step == cfg.num_steps > start_step)
@@ -429,8 +443,6 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
           'the sample.')
     else:
       log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
-  if watchdog:
-    watchdog.stop()
   return last
 
 
