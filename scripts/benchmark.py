@@ -5,6 +5,7 @@ console.
     python scripts/benchmark.py --suite nanogpt --nanogpt_dir ~/nanoGPT
     python scripts/benchmark.py --suite gpu           # on a GPU or TPU
     python scripts/benchmark.py --suite pipeline
+    python scripts/benchmark.py --suite stop          # SIGTERM to exit
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -20,7 +21,9 @@ Suites (see ``jax_transformer/bench/``):
 * ``gpu``: bf16 throughput, MFU and peak memory of a 124M and a 350M
   decoder LM and the base encoder-decoder, each item time-boxed;
 * ``pipeline``: the input pipeline's sustained rate on a WMT-sized split
-  against what the base model consumes on one accelerator.
+  against what the base model consumes on one accelerator;
+* ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
+  shipped config (``--stop_configs``), mid-training.
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -35,7 +38,7 @@ import sys
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline')
+SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -59,11 +62,21 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--seconds_per_item', type=float, default=42,
                  help='gpu: time limit of each item, compile included '
                  '(the seven default items fit in 5 minutes)')
+  p.add_argument('--stop_configs', default=None,
+                 help='stop: comma-separated configs (default: every '
+                 'shipped one)')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
     p.error('--suite nanogpt needs --nanogpt_dir (a clone of '
             'https://github.com/karpathy/nanoGPT).')
+  if args.stop_configs:
+    from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
+    known = [name for name, _ in stop.CONFIGS]
+    unknown = sorted(set(args.stop_configs.split(',')) - set(known))
+    if unknown:
+      p.error(f'--stop_configs: unknown {", ".join(unknown)}; choose from '
+              f'{", ".join(known)}.')
   if args.rounds < 1 or args.steps < 1:
     p.error('--rounds and --steps must be positive.')
   return args
@@ -84,6 +97,10 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     from jax_transformer.bench import gpu  # pylint: disable=g-import-not-at-top
     return gpu.run(tuple(args.gpu_items.split(',')),
                    seconds_per_item=args.seconds_per_item)
+  if args.suite == 'stop':
+    from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
+    configs = args.stop_configs and tuple(args.stop_configs.split(','))
+    return list(stop.run(configs))
   from jax_transformer.bench import pipeline  # pylint: disable=g-import-not-at-top
   return pipeline.run()
 
@@ -94,7 +111,9 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'nanogpt_val_loss', 'ours_val_loss_at_nanogpt_end',
               'step_s', 'tokens_per_s', 'mfu', 'mfu_vs_matmul',
               'peak_memory_gb', 'target_tokens_per_s',
-              'demand_target_tokens_per_s', 'supply_over_demand', 'error')
+              'demand_target_tokens_per_s', 'supply_over_demand',
+              'config', 'signal_to_exit_s', 'exit_status', 'step_time_s',
+              'error')
 
 
 def table(rows: list[dict]) -> str:

@@ -48,6 +48,9 @@ def log(*args) -> None:
 # (EX_TEMPFAIL): a restart loop (`until python train.py ...; do :; done`) or
 # a Kubernetes Job sees it as unfinished, where 0 means the run completed.
 EXIT_INTERRUPTED = 75
+# Steps the host waits longer for than this run one at a time (see the
+# loop), so that a stop signal waits for one step, not two.
+SLOW_STEP_S = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -317,7 +320,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   start_step, pending, last = step, [], {}
   rates = Throughput(cfg, setup.model_config)
   progress = _progress_bar(step, cfg.num_steps, main)
-  compiled, previous, tick = None, None, 0.0
+  compiled, previous, tick, alone = None, None, 0.0, False
   interrupted_eval = False
   max_skipped = cfg.optim.get('max_skipped_updates', 0)
   finished_now = step == cfg.num_steps > start_step
@@ -377,11 +380,19 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
       if previous is not None:
         # At most two steps in flight: the bar counts finished steps, and a
         # signal or a save never waits behind a backlog of dispatches.
+        waited = time.perf_counter()
         check_finite(jax.device_get(previous), step, checkpointer,
                      max_skipped)
+        # A slow step gains nothing from the next one queued behind it,
+        # and a stop signal would wait for both: run such steps alone.
+        alone = alone or time.perf_counter() - waited > SLOW_STEP_S
         watch.report()  # step `step` finished
         progress.update(1)
       previous = metrics
+      if alone:
+        waited = time.perf_counter()
+        jax.block_until_ready(metrics)
+        alone = time.perf_counter() - waited > SLOW_STEP_S
       step += 1
       done = step == cfg.num_steps
       if step % cfg.log_every == 0 or done:
