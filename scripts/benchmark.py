@@ -112,7 +112,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'step_s', 'tokens_per_s', 'mfu', 'mfu_vs_matmul',
               'peak_memory_gb', 'target_tokens_per_s',
               'demand_target_tokens_per_s', 'supply_over_demand',
-              'config', 'signal_to_exit_s', 'exit_status', 'step_time_s',
+              'config', 'signal_to_exit_s', 'exit_status', 'saved_step',
+              'compiled_to_signal_s',
               'error')
 
 

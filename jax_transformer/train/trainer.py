@@ -320,7 +320,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   start_step, pending, last = step, [], {}
   rates = Throughput(cfg, setup.model_config)
   progress = _progress_bar(step, cfg.num_steps, main)
-  compiled, previous, tick, alone = None, None, 0.0, False
+  # The first step runs alone: its time decides (see SLOW_STEP_S).
+  compiled, previous, tick, alone = None, None, 0.0, True
   interrupted_eval = False
   max_skipped = cfg.optim.get('max_skipped_updates', 0)
   finished_now = step == cfg.num_steps > start_step
