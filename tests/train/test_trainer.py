@@ -161,3 +161,27 @@ def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
   cfg.model.d_ff = 128
   with pytest.raises(ValueError, match=r'different config.model \(d_ff\)'):
     checks.check_resumable(cfg, str(tmp_path))
+
+
+def test_steps_run_alone_or_two_in_flight_to_the_same_bits(
+    tmp_path, monkeypatch, fake_data_dir):
+  """trainer.SLOW_STEP_S only changes when the host waits, never a
+  result: every step alone (0 s) equals the usual two in flight."""
+  from jax_transformer.model.params import split
+  from jax_transformer.train import restore
+
+  def final_params(name, slow_step_s):
+    monkeypatch.setattr(trainer, 'SLOW_STEP_S', slow_step_s)
+    cfg = load_config('lm_shakespeare:tiny')
+    cfg.data.data_dir = fake_data_dir
+    cfg.sample.enabled = False
+    cfg.update(num_steps=5, log_every=5, eval_every=5, checkpoint_every=5)
+    last = trainer.train_and_evaluate(cfg, str(tmp_path / name))
+    model, _ = restore.load_for_inference(str(tmp_path / name))
+    return last['loss'], jax.device_get(split(model)[1])
+
+  alone = final_params('alone', 0.0)
+  queued = final_params('queued', float('inf'))
+  assert alone[0] == queued[0]
+  for name, value in queued[1].items():
+    np.testing.assert_array_equal(alone[1][name], value, err_msg=name)
