@@ -7,9 +7,14 @@ with --config.a.b=value. Restarting with the same --workdir resumes.
 Exit status: 0 finished; 1 stopped by a non-finite loss or gradient norm
 or a failed checkpoint write (naming the step and the last checkpoint); 2 a
 bad flag or a config that cannot run (one line on stderr, before any data
-is prepared or anything compiles); 69
-another process of a multi-process run was lost; 75 stopped by SIGTERM or
-SIGINT after saving a checkpoint.
+is prepared or anything compiles, or a run --aot_target says does not
+fit); 69 another process of a multi-process run was lost; 75 stopped by
+SIGTERM or SIGINT after saving a checkpoint; 124 stuck (no step finished
+within config.step_timeout_s).
+
+--aot_target NAME (e.g. v5p-128, h100-8) compiles the run as configured
+with that accelerator's compiler on this host, without the hardware, and
+exits 0 if it fits (2 if not), before any data preparation.
 """
 
 import os
@@ -24,6 +29,7 @@ from jax_transformer.errors import UsageError
 PROG = 'train.py'
 DEFAULT_CONFIG = 'lm_shakespeare'  # configs/lm_shakespeare.py
 FLAGS = flags.FLAGS
+CONFIG_SPEC = [DEFAULT_CONFIG]  # --config as given, set by parse_flags
 
 
 def define_flags(values: flags.FlagValues) -> None:
@@ -57,6 +63,13 @@ def define_flags(values: flags.FlagValues) -> None:
                       'Persistent XLA compilation cache: a second start with '
                       'the same shapes skips compiling ("" turns it off).',
                       flag_values=values)
+  flags.DEFINE_string('aot_target', None, 'Only compile the run for this '
+                      'accelerator target (e.g. v5p-128, h100-8) with its '
+                      'own compiler, here, without the hardware: exit 0 if '
+                      "it fits, 2 if not (needs pip install -e '.[aot]').",
+                      flag_values=values)
+  flags.DEFINE_integer('aot_slices', 1, 'With --aot_target: TPU slices.',
+                       flag_values=values)
   flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
                     'reuse (glibc), so CPU steps do not page-fault their '
                     'temporaries in every step (see jax_transformer/'
@@ -76,6 +89,7 @@ def parse_flags(argv: Sequence[str],
   wrong type, a stray argument.
   """
   _, spec, rest = cli.parse_config_flags(argv, DEFAULT_CONFIG, values)
+  CONFIG_SPEC[0] = spec
   if rest:
     raise UsageError(f'Unexpected arguments {rest}; flags look like '
                      '--workdir=DIR or --config.a.b=value.')
@@ -93,10 +107,25 @@ def _flags_parser(argv: Sequence[str]) -> list[str]:
     sys.exit(cli.report(PROG, e))
 
 
+def compile_for_target(values: flags.FlagValues) -> int:
+  """--aot_target: the run's steps compiled for the target, nothing else.
+  """
+  from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
+  targets.target(values.aot_target)  # a bad name: one line, before JAX
+  targets.prepare_host()
+  from jax_transformer.train import target_report  # pylint: disable=g-import-not-at-top
+  row = target_report.check_fits(values.config, CONFIG_SPEC[0],
+                                 values.aot_target, values.aot_slices)
+  print(target_report.summary(row))
+  return 0
+
+
 @cli.entry_point(PROG)
 def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
   del argv  # parse_flags refused any argument that is not a flag
+  if values.aot_target:
+    return compile_for_target(values)
   if values.retain_host_memory:
     from jax_transformer.runtime import host_memory  # pylint: disable=g-import-not-at-top
     host_memory.retain_freed_memory()

@@ -2,6 +2,17 @@
 
     python scripts/compile_at_size.py                  # both suites
     python scripts/compile_at_size.py --suite depth --depths 12,48
+    python scripts/compile_at_size.py --target v5p-128 --config lm_1_3b
+
+With ``--target NAME`` (``pip install -e '.[aot]'``): the run as
+``--config NAME[:preset]`` and any ``--config.a.b=value`` configure it,
+compiled by that accelerator's own compiler for its devices (TPU slices,
+``--slices N`` of them, or an 8-GPU host), without the hardware; one JSON
+row (``jax_transformer/train/target_report.py``): per-chip memory against
+the chip's, compile times of the train and eval steps, XLA's cost figures,
+collective bytes, the attention kernel, and a roofline bound on step time
+and MFU. ``--serialize PATH`` writes the compiled train step. Targets:
+``jax_transformer/runtime/targets.py``.
 
 On a mesh of 8 CPU devices (FSDP 4 x tensor 2), the train steps of
 ``configs/lm_350m.py`` and ``configs/lm_1_3b.py`` are lowered and compiled
@@ -25,16 +36,23 @@ from __future__ import annotations
 import os
 import sys
 
-# Before JAX starts: eight host devices stand in for the pod's chips.
+# Before JAX starts: eight host devices stand in for the pod's chips (or
+# the target's compiler hands out its own); libtpu must not look for a TPU
+# VM's metadata.
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
 if 'xla_force_host_platform_device_count' not in os.environ.get(
     'XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                              ' --xla_force_host_platform_device_count=8')
 
+from absl import flags
+
 from jax_transformer import cli
 from jax_transformer.bench.rows import stream
-from jax_transformer.train import aot, memory
+from jax_transformer.errors import UsageError
+from jax_transformer.runtime import targets
+from jax_transformer.train import aot, memory, target_report
 
 MODELS = {'350m': 'lm_350m', '1.3b': 'lm_1_3b'}
 VOCAB = 32768
@@ -133,8 +151,38 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
+def parse_target_args(argv: list[str]):
+  """(config, its spec, flag values) of a --target command line."""
+  values = flags.FlagValues()
+  flags.DEFINE_string('target', None, ', '.join(targets.TARGETS),
+                      flag_values=values)
+  flags.DEFINE_integer('slices', 1, 'TPU slices', flag_values=values)
+  flags.DEFINE_string('serialize', None, 'write the compiled train step here',
+                      flag_values=values)
+  flags.DEFINE_string('output', None, 'also write the JSON row here',
+                      flag_values=values)
+  cfg, spec, rest = cli.parse_config_flags(['compile_at_size.py', *argv],
+                                           None, values)
+  if rest:
+    raise UsageError(f'Unexpected arguments {rest}.')
+  targets.target(values.target)
+  return cfg, spec, values
+
+
+def target_main(argv: list[str]) -> int:
+  cfg, spec, values = parse_target_args(argv)
+  row = target_report.report(cfg, spec, values.target, values.slices,
+                             values.serialize)
+  stream([row], values.output)
+  print(target_report.summary(row), file=sys.stderr)
+  return 0
+
+
 @cli.entry_point('compile_at_size.py')
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if any(a == '--target' or a.startswith('--target=') for a in argv):
+    return target_main(argv)
   args = parse_args(argv)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]

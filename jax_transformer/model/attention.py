@@ -6,7 +6,9 @@ arrays broadcastable to ``[B, N, T, S]`` (True = may attend).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import contextlib
+import contextvars
+from typing import Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,16 +56,33 @@ def attention_weights(q: Array, k: Array, mask: Array | None = None) -> Array:
 CUDNN_HEAD_DIMS = range(8, 129, 8)
 
 
+# The platform compiled for when it is not the host's (a compile-only
+# target: runtime/targets.py); None: jax.default_backend().
+_TARGET_PLATFORM = contextvars.ContextVar('target_platform', default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+  """Within, 'auto' chooses for platform ('gpu', 'tpu' or 'cpu')."""
+  token = _TARGET_PLATFORM.set(platform)
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
+
+
 def implementation(config: ModelConfig, dtype) -> str | None:
   """The ``jax.nn.dot_product_attention`` backend for config and dtype.
 
   'auto' picks cuDNN's fused kernel on a GPU when the dtype is 16-bit and
   the head width is one it takes, and XLA otherwise (CPU, TPU, float32).
+  The platform is the one compiled for (``compiling_for``), else JAX's.
   """
   chosen = config.attention_implementation
   if chosen != 'auto':
     return chosen
-  fused = (jax.default_backend() == 'gpu'
+  platform = _TARGET_PLATFORM.get() or jax.default_backend()
+  fused = (platform == 'gpu'
            and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
            and config.head_dim in CUDNN_HEAD_DIMS)
   return 'cudnn' if fused else 'xla'

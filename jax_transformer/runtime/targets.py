@@ -1,0 +1,132 @@
+"""Accelerator targets to compile for from a CPU host, without the hardware.
+
+The TPU compiler ships in ``libtpu`` and the GPU compiler in JAX's CUDA
+plugin (``pip install -e '.[aot]'``). Both hand out compile-only devices
+for a described topology (``jax.experimental.topologies``): a mesh of them
+lowers and compiles real steps, and the compiler's memory and cost figures
+answer, but nothing can run. ``devices('v5p-128')`` gives such devices;
+the chip facts below (vendor figures) turn the compiler's figures into a
+roofline.
+
+TPU names count TensorCores as Google Cloud's do before v5e (v4-8 and
+v5p-8 are 4 chips of 2 cores, one megacore device each); from v5e on, one
+per chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+
+from jax.experimental import topologies
+
+from jax_transformer.errors import UsageError
+from jax_transformer.runtime import gpu_specs
+
+GB = 1e9
+_GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator chip: its memory and peak rates (per chip)."""
+  kind: str               # as jax.Device.device_kind reads
+  memory_bytes: int       # HBM
+  peak_flops: float       # bf16 dense, FLOP/s
+  hbm_bytes_per_s: float
+  link_bytes_per_s: float  # chip-to-chip (ICI or NVLink), one direction
+
+
+# Google Cloud's TPU pages and NVIDIA's datasheets.
+CHIPS = {
+    'v4': Chip('TPU v4', 32 * _GIB, 275e12, 1228e9, 270e9),
+    'v5e': Chip('TPU v5 lite', 16 * _GIB, 197e12, 819e9, 200e9),
+    'v5p': Chip('TPU v5', 95 * _GIB, 459e12, 2765e9, 600e9),
+    'v6e': Chip('TPU v6 lite', 32 * _GIB, 918e12, 1640e9, 400e9),
+    'h100': Chip('NVIDIA H100 80GB HBM3', 80 * GB, 989e12, 3350e9, 450e9),
+    'h200': Chip('NVIDIA H200', 141 * GB, 989e12, 4800e9, 450e9),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A slice (TPU) or a host (GPU) by its usual name."""
+  name: str
+  chip: str               # a key of CHIPS
+  topology: str           # TPU: 'v5e:2x2'; GPU: 'x'.join of the 3D shape
+  megacore: bool = False  # two TensorCores as one device (v4, v5p)
+
+  @property
+  def platform(self) -> str:
+    return 'cuda' if self.chip.startswith('h') else 'tpu'
+
+  @property
+  def chips(self) -> int:
+    dims = self.topology.split(':')[-1].split('x')
+    n = 1
+    for d in dims:
+      n *= int(d)
+    return n
+
+
+TARGETS = {t.name: t for t in (
+    Target('v4-8', 'v4', 'v4:2x2x1', megacore=True),
+    Target('v5e-4', 'v5e', 'v5e:2x2'),
+    Target('v5e-8', 'v5e', 'v5e:2x4'),
+    Target('v5e-256', 'v5e', 'v5e:16x16'),
+    Target('v5p-8', 'v5p', 'v5:2x2x1', megacore=True),
+    Target('v5p-128', 'v5p', 'v5:4x4x4', megacore=True),
+    Target('v6e-8', 'v6e', 'v6e:2x4'),
+    Target('v6e-256', 'v6e', 'v6e:16x16'),
+    Target('h100-8', 'h100', '1x1x8'),
+    Target('h200-8', 'h200', '1x1x8'),
+)}
+
+AOT_INSTALL = "pip install -e '.[aot]'"
+
+
+def target(name: str) -> Target:
+  """The Target called name; UsageError naming the known ones."""
+  if name not in TARGETS:
+    raise UsageError(f'Unknown target {name!r}; choose one of '
+                     f'{", ".join(TARGETS)}.')
+  return TARGETS[name]
+
+
+def prepare_host() -> None:
+  """Environment the accelerator plugins read when JAX starts: call it
+  before JAX's first use. The host is a CPU machine, not a TPU VM: skip
+  libtpu's metadata queries, and run JAX itself on the CPU."""
+  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+
+def devices(t: Target, slices: int = 1) -> list:
+  """Compile-only devices of ``slices`` copies of target t (TPU only for
+  more than one), in the order a mesh takes them."""
+  if slices < 1:
+    raise UsageError(f'--slices must be 1 or more, got {slices}.')
+  if slices > 1 and t.platform != 'tpu':
+    raise UsageError(f'--slices {slices}: several slices are a TPU layout; '
+                     f'{t.name} is one GPU host.')
+  _require(t)
+  if t.platform == 'tpu':
+    extra = {'chip_config_name': 'megacore'} if t.megacore else {}
+    topo = topologies.get_topology_desc(
+        platform='tpu', topology_name=t.topology,
+        chips_per_host_bounds=(2, 2, 1), num_slices=slices, **extra)
+  else:
+    topo = topologies.get_topology_desc(
+        platform='cuda', topology=t.topology,
+        target_config=gpu_specs.target_config(t.chip))
+  return list(topo.devices)
+
+
+def _require(t: Target) -> None:
+  """UsageError in one sentence when the target's compiler is absent."""
+  module = 'libtpu' if t.platform == 'tpu' else 'jax_cuda12_plugin'
+  if importlib.util.find_spec(module) is None:
+    raise UsageError(f'Target {t.name} needs the {t.platform.upper()} '
+                     f'compiler ({module}), which is not installed; run '
+                     f'{AOT_INSTALL}.')

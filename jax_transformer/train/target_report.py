@@ -1,0 +1,225 @@
+"""A run's steps compiled by an accelerator's own compiler from a CPU
+host, and what that compiler says: memory per chip against the chip's,
+compile time, cost, collective bytes, the attention kernel, and a
+roofline bound on step time and MFU.
+
+The roofline: a step takes at least the longest of its model FLOPs at the
+chips' peak (compute), its bytes accessed at HBM bandwidth (memory) and
+its collective bytes over the chip's links (communication); the MFU bound
+is compute / that. XLA's ``cost_analysis()`` counts a loop body once, so
+its bytes are scaled by the ratio of the model's FLOPs per chip to its
+FLOPs (a scanned stack of layers); collective bytes are counted per loop
+trip from the HLO (``hlo_stats``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+import jax
+import ml_collections
+from jax.experimental import serialize_executable
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_transformer.errors import UsageError
+from jax_transformer.model import attention, sharding
+from jax_transformer.runtime import targets
+from jax_transformer.train import (
+  aot,
+  checks,
+  experiment,
+  hlo_stats,
+  memory,
+  perf,
+  steps,
+  trainer,
+)
+
+# A TPU step over HBM fails to compile with, e.g., "the total memory
+# required for HLO temporaries (20.81G) exceeds available HBM (15.75G)" or
+# "Used 20.51G of 15.75G hbm": the first figure is the need.
+_OVER_HBM = re.compile(r'(?:required for [^(]*\(|Used )([\d.]+)([KMGT])')
+_UNITS = {'K': 2 ** 10, 'M': 2 ** 20, 'G': 2 ** 30, 'T': 2 ** 40}
+
+
+@dataclasses.dataclass
+class StepCompile:
+  """One step compiled (or refused for memory) by the target's compiler."""
+  compile_s: float
+  per_chip_bytes: int | None
+  compiled: Any = None       # jax.stages.Compiled, None when over memory
+
+
+def _compile(jitted, args, mesh, platform: str) -> StepCompile:
+  start = time.perf_counter()
+  try:
+    with attention.compiling_for(platform), \
+        jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      compiled = jitted.lower(*args).compile()
+  except jax.errors.JaxRuntimeError as err:
+    over = _OVER_HBM.search(str(err))
+    if 'RESOURCE_EXHAUSTED' not in str(err) or not over:
+      raise
+    used = float(over.group(1)) * _UNITS[over.group(2)]
+    return StepCompile(time.perf_counter() - start, int(used))
+  seconds = time.perf_counter() - start
+  stats = memory.Compiled.of(compiled)
+  return StepCompile(seconds, stats.total if stats else None, compiled)
+
+
+def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
+                  platform: str, vocab_size: int = 32768
+                  ) -> tuple[StepCompile, StepCompile, dict]:
+  """cfg's train and eval steps on a mesh of devices; also facts of the
+  run for the report (setup, the pre-flight estimate, the mesh)."""
+  checks.check_run_fields(cfg)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  sharding.check_batch(cfg.batch_size, mesh)
+  setup = experiment.setup(cfg, vocab_size)
+  abstract_state = setup.abstract_state(cfg.seed)
+  shardings, _ = trainer.state_shardings(setup, mesh, abstract_state)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract_state, shardings)
+  batch = aot.abstract_batch(cfg, mesh)
+  train = _compile(trainer.jit_train_step(cfg, setup, mesh, shardings),
+                   (state, batch), mesh, platform)
+  eval_step = jax.jit(
+      steps.make_eval_step(setup.model_def, packed=False,
+                           loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
+      out_shardings=NamedSharding(mesh, PartitionSpec()))
+  evaluation = _compile(eval_step, (state['params'], batch), mesh, platform)
+  facts = {'setup': setup, 'mesh': mesh,
+           'estimate': memory.estimate(cfg, setup.model_config,
+                                       abstract_state, shardings, mesh)}
+  return train, evaluation, facts
+
+
+def _cost(compiled) -> dict[str, float]:
+  try:
+    cost = compiled.cost_analysis()
+  except (NotImplementedError, jax.errors.JaxRuntimeError):
+    return {}
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  return dict(cost or {})
+
+
+def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
+             chip: targets.Chip, chips: int) -> dict[str, Any]:
+  """Bounds on the step's time from compute, HBM and links; the MFU bound.
+  """
+  src_len = (cfg.data.get('src_len') or cfg.seq_len
+             if setup.model_config.num_encoder_layers else 0)
+  model_flops = perf.step_flops(setup.model_config, cfg.batch_size, src_len,
+                                cfg.seq_len)['train']
+  compute_s = model_flops / (chips * chip.peak_flops)
+  row = {'model_flops_per_step': model_flops, 'compute_bound_s': compute_s}
+  if train.compiled is None:
+    return row
+  cost = _cost(train.compiled)
+  flops, accessed = cost.get('flops'), cost.get('bytes accessed')
+  hlo = train.compiled.as_text()
+  moved = hlo_stats.collective_bytes(hlo)
+  # An all-reduce sends and receives each byte about twice (ring).
+  link_bytes = 2 * moved['all-reduce'] + sum(
+      v for k, v in moved.items() if k != 'all-reduce')
+  row.update(xla_flops_per_chip=flops, xla_bytes_accessed_per_chip=accessed,
+             collective_bytes=moved,
+             link_bound_s=link_bytes / chip.link_bytes_per_s)
+  bounds = [compute_s, row['link_bound_s']]
+  if flops and accessed:
+    loops = max(1.0, model_flops / chips / flops)
+    row['hbm_bound_s'] = accessed * loops / chip.hbm_bytes_per_s
+    bounds.append(row['hbm_bound_s'])
+  row['step_time_bound_s'] = max(bounds)
+  row['mfu_bound'] = compute_s / row['step_time_bound_s']
+  return row
+
+
+def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
+           slices: int = 1, serialize: str | None = None) -> dict[str, Any]:
+  """One JSON row: cfg (named spec) compiled for target_name x slices."""
+  target = targets.target(target_name)
+  devices = targets.devices(target, slices)
+  platform = 'gpu' if target.platform == 'cuda' else 'tpu'
+  chip = targets.CHIPS[target.chip]
+  kernel_note = None
+  try:
+    train, evaluation, facts = compile_steps(cfg, devices, platform)
+  except jax.errors.JaxRuntimeError as err:
+    if 'cudnn' not in str(err).lower():
+      raise
+    # cuDNN's fused attention compiles only with cuDNN's library at hand.
+    cfg = cfg.copy_and_resolve_references()
+    cfg.model.attention_implementation = 'xla'
+    kernel_note = ('cudnn (auto) did not compile here: cuDNN is not '
+                   'installed; compiled with xla')
+    train, evaluation, facts = compile_steps(cfg, devices, platform)
+  setup, mesh = facts['setup'], facts['mesh']
+  with attention.compiling_for(platform):
+    kernel = attention.implementation(setup.model_config,
+                                      setup.model_config.dtype)
+  per_chip = train.per_chip_bytes
+  row = {
+      'config': spec, 'target': target.name, 'slices': slices,
+      'devices': len(devices), 'device_kind': devices[0].device_kind,
+      'mesh': dict(mesh.shape), 'batch_size': cfg.batch_size,
+      'seq_len': cfg.seq_len,
+      'fits': per_chip is not None and per_chip <= chip.memory_bytes,
+      'per_chip_bytes': per_chip, 'chip_memory_bytes': chip.memory_bytes,
+      'over_by_bytes': max(0, (per_chip or 0) - chip.memory_bytes),
+      'estimate_bytes': facts['estimate'].total,
+      'compile_s': round(train.compile_s, 2),
+      'eval_compile_s': round(evaluation.compile_s, 2),
+      'eval_per_chip_bytes': evaluation.per_chip_bytes,
+      'attention_kernel': kernel_note or kernel,
+      'attention_kernels_in_hlo': (
+          hlo_stats.attention_kernels(train.compiled.as_text())
+          if train.compiled is not None else []),
+  }
+  row.update(roofline(train, cfg, setup, chip, len(devices)))
+  row.setdefault('mfu_bound', None)
+  if serialize and train.compiled is not None:
+    _serialize(train.compiled, serialize)
+    row['serialized'] = serialize
+  return row
+
+
+def _serialize(compiled, path: str) -> None:
+  """Writes the compiled train step (``jax.experimental.serialize_executable``)."""
+  payload, _, _ = serialize_executable.serialize(compiled)
+  with open(path, 'wb') as f:
+    f.write(payload)
+
+
+def check_fits(cfg: ml_collections.ConfigDict, spec: str,
+               target_name: str, slices: int = 1) -> dict[str, Any]:
+  """report(), then UsageError in one sentence when the run does not fit."""
+  row = report(cfg, spec, target_name, slices)
+  if not row['fits']:
+    need = memory.readable(row['per_chip_bytes'] or 0)
+    have = memory.readable(row['chip_memory_bytes'])
+    raise UsageError(
+        f'--aot_target {target_name}: {spec} needs {need} per chip by the '
+        f'{row["device_kind"]} compiler, and a chip has {have}; '
+        f'{memory.ADVICE}.')
+  return row
+
+
+def summary(row: dict[str, Any]) -> str:
+  """The row in one line for a person."""
+  need = memory.readable(row['per_chip_bytes'] or 0)
+  have = memory.readable(row['chip_memory_bytes'])
+  verdict = ('fits' if row['fits'] else
+             f'does not fit (over by {memory.readable(row["over_by_bytes"])})')
+  mfu = (f'{row["mfu_bound"]:.0%}' if row.get('mfu_bound') is not None
+         else 'unknown')
+  return (f'{row["config"]} on {row["target"]} ({row["devices"]} x '
+          f'{row["device_kind"]}, mesh {row["mesh"]}): {verdict}: {need} '
+          f'per chip of {have}; compiled in {row["compile_s"]:.1f} s; MFU '
+          f'bound {mfu}; attention {row["attention_kernel"]}.')

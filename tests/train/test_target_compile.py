@@ -1,0 +1,130 @@
+"""Steps compiled by a TPU's or GPU's own compiler on this CPU host:
+targets, collective bytes from the HLO, the report and the refusal.
+
+The compilers come from the ``aot`` extra (TPU) and ``aot-gpu`` (GPU; CI
+keeps it in .ci-cache/gpu-compiler, outside the environment). A test that
+needs one it cannot find is skipped, saying which.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import repo
+
+from jax_transformer.errors import UsageError
+from jax_transformer.runtime import gpu_specs, targets
+from jax_transformer.train import hlo_stats
+
+GPU_COMPILER = os.path.join(repo.ROOT, '.ci-cache', 'gpu-compiler')
+HAS_TPU = importlib.util.find_spec('libtpu') is not None
+HAS_GPU = (importlib.util.find_spec('jax_cuda12_plugin') is not None
+           or os.path.isdir(os.path.join(GPU_COMPILER, 'jax_cuda12_plugin')))
+needs_tpu = pytest.mark.skipif(
+    not HAS_TPU, reason="no TPU compiler: pip install -e '.[aot]'")
+needs_gpu = pytest.mark.skipif(
+    not HAS_GPU, reason="no GPU compiler: pip install -e '.[aot-gpu]' (or "
+    'into .ci-cache/gpu-compiler, as .ci/run does)')
+
+# A loop of 12 trips whose body all-reduces 1024 floats, and one all-gather
+# of 256 bf16 outside it.
+LOOP_HLO = """HloModule m
+
+%cond (p: (s32[], f32[1024])) -> pred[] {
+  %p = (s32[], f32[1024]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(12)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %p = (s32[], f32[1024]) parameter(0)
+  %x = f32[1024]{0} get-tuple-element(%p), index=1
+  %all-reduce.1 = f32[1024]{0:T(128)} all-reduce(%x), channel_id=1, to_apply=%add
+  ROOT %t = (s32[], f32[1024]) tuple(%i, %all-reduce.1)
+}
+
+ENTRY %main (a: f32[1024], /*index=1*/b: bf16[64]) -> f32[1024] {
+  %w = (s32[], f32[1024]) while(%init), condition=%cond, body=%body
+  %all-gather-start = (bf16[64]{0}, bf16[256]{0}) all-gather-start(%b), dimensions={0}
+  %all-gather-done = bf16[256]{0} all-gather-done(%all-gather-start)
+  ROOT %r = f32[1024] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collective_bytes_count_each_loop_trip():
+  moved = hlo_stats.collective_bytes(LOOP_HLO)
+  assert moved['all-reduce'] == 12 * 1024 * 4
+  assert moved['all-gather'] == 256 * 2  # the start counted, not the done
+  assert moved['reduce-scatter'] == 0
+
+
+def test_targets_name_their_chips_and_refuse_unknown_names():
+  assert targets.target('v5p-128').chips == 64  # 128 cores, megacore
+  assert targets.target('v5e-256').chips == 256
+  assert targets.target('h100-8').platform == 'cuda'
+  with pytest.raises(UsageError, match="Unknown target 'v5x-8'; choose one"):
+    targets.target('v5x-8')
+  assert 'major: 9' in gpu_specs.target_config('h200')
+
+
+def compile_at_size(*flags, pythonpath=None):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
+  if pythonpath:
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (pythonpath, env.get('PYTHONPATH')) if p)
+  return subprocess.run(
+      [sys.executable, os.path.join(repo.SCRIPTS, 'compile_at_size.py'),
+       *flags], cwd=repo.ROOT, env=env, capture_output=True, text=True,
+      timeout=900)
+
+
+@needs_tpu
+def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
+  out = compile_at_size('--target', 'v5e-4', '--config',
+                        'lm_shakespeare:tiny', '--config.batch_size=16',
+                        '--serialize', str(tmp_path / 'step.bin'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['device_kind'] == 'TPU v5 lite' and row['devices'] == 4
+  assert row['fits'] and 0 < row['per_chip_bytes'] < row['chip_memory_bytes']
+  assert row['chip_memory_bytes'] == 16 * 2 ** 30
+  assert row['attention_kernel'] == 'xla'
+  # Data parallel over 4 chips: the gradients are all-reduced.
+  assert row['collective_bytes']['all-reduce'] > 0
+  assert 0 < row['mfu_bound'] <= 1
+  for key in ('config', 'target', 'estimate_bytes', 'compile_s'):
+    assert key in row
+  assert (tmp_path / 'step.bin').stat().st_size > 0
+
+
+@needs_tpu
+def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
+  # About a terabyte of activations per chip: refused, never prepared.
+  out = subprocess.run(
+      [sys.executable, 'train.py', '--config', 'lm_shakespeare:tiny',
+       '--config.batch_size=1048576', '--aot_target', 'v5e-4',
+       '--workdir', '/nonexistent/never_made'],
+      cwd=repo.ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert out.returncode == 2, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith('train.py: error: --aot_target v5e-4: '
+                         'lm_shakespeare:tiny needs '), last
+  assert 'per chip by the TPU v5 lite compiler, and a chip has 17.2 GB' in last
+
+
+@needs_gpu
+def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
+  out = compile_at_size('--target', 'h100-8', '--config',
+                        'lm_shakespeare:tiny', '--config.batch_size=16',
+                        pythonpath=GPU_COMPILER)
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['device_kind'] == 'NVIDIA H100 80GB HBM3'
+  assert row['fits'] and row['devices'] == 8
+  assert row['chip_memory_bytes'] == 80 * 10 ** 9
