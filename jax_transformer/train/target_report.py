@@ -20,10 +20,13 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+from flax import nnx
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets
@@ -93,10 +96,50 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
       in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
       out_shardings=NamedSharding(mesh, PartitionSpec()))
   evaluation = _compile(eval_step, (state['params'], batch), mesh, platform)
-  facts = {'setup': setup, 'mesh': mesh,
+  decode = compile_decode(cfg, setup, mesh, shardings['params'], platform)
+  facts = {'setup': setup, 'mesh': mesh, 'decode': decode,
            'estimate': memory.estimate(cfg, setup.model_config,
                                        abstract_state, shardings, mesh)}
   return train, evaluation, facts
+
+
+def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
+                   param_shardings, platform: str) -> StepCompile:
+  """The whole KV-cached greedy decode (``decoding.loop.generate_jit``) of
+  eval_batch_size rows: an LM continues seq_len / 2 prompt tokens to
+  seq_len; a translation model decodes seq_len tokens from src_len."""
+  params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                    sharding=param_shardings[k])
+            for k, v in setup.abstract_params.items()}
+  graphdef, state = nnx.split(setup.model_def.merge(params))
+  rows = cfg.eval_batch_size
+  mesh = inputs.resolve_mesh(mesh, rows)
+  by_row = NamedSharding(mesh, PartitionSpec('data'))
+  whole = NamedSharding(mesh, PartitionSpec())
+
+  def ids(length, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct((rows, length), dtype, sharding=by_row)
+  if setup.model_config.num_encoder_layers:
+    source = cfg.data.get('src_len') or cfg.seq_len
+    given = inputs.Inputs(ids(1), ids(1, jnp.bool_), ids(source),
+                          ids(source, jnp.bool_))
+    new_tokens = cfg.seq_len - 1
+  else:
+    prompt = cfg.seq_len // 2
+    given = inputs.Inputs(ids(prompt), ids(prompt, jnp.bool_), None, None)
+    new_tokens = cfg.seq_len - prompt
+  key = jax.ShapeDtypeStruct((), jax.eval_shape(jax.random.key, 0).dtype,
+                             sharding=whole)
+  token = jax.ShapeDtypeStruct((), jnp.int32, sharding=whole)
+  start = time.perf_counter()
+  with attention.compiling_for(platform), jax.set_mesh(mesh):
+    compiled = loop.generate_jit.lower(
+        graphdef, state, given, key, token, token,
+        max_new_tokens=new_tokens, sampler=sampling.greedy,
+        mesh=mesh).compile()
+  stats = memory.Compiled.of(compiled)
+  return StepCompile(time.perf_counter() - start,
+                     stats.total if stats else None, compiled)
 
 
 def _cost(compiled) -> dict[str, float]:
@@ -177,6 +220,8 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
       'compile_s': round(train.compile_s, 2),
       'eval_compile_s': round(evaluation.compile_s, 2),
       'eval_per_chip_bytes': evaluation.per_chip_bytes,
+      'decode_compile_s': round(facts['decode'].compile_s, 2),
+      'decode_per_chip_bytes': facts['decode'].per_chip_bytes,
       'attention_kernel': kernel_note or kernel,
       'attention_kernels_in_hlo': (
           hlo_stats.attention_kernels(train.compiled.as_text())

@@ -97,6 +97,8 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
   # Data parallel over 4 chips: the gradients are all-reduced.
   assert row['collective_bytes']['all-reduce'] > 0
   assert 0 < row['mfu_bound'] <= 1
+  # The KV-cached decode compiled too.
+  assert row['decode_compile_s'] > 0 and row['decode_per_chip_bytes'] > 0
   for key in ('config', 'target', 'estimate_bytes', 'compile_s'):
     assert key in row
   assert (tmp_path / 'step.bin').stat().st_size > 0
