@@ -120,7 +120,13 @@ def devices(t: Target, slices: int = 1) -> list:
     topo = topologies.get_topology_desc(
         platform='cuda', topology=t.topology,
         target_config=gpu_specs.target_config(t.chip))
-  return list(topo.devices)
+  # Slice by slice: a mesh's first axis split over slices crosses the
+  # data-center network only between them (make_mesh keeps this order).
+  return sorted(topo.devices, key=_device_order)
+
+
+def _device_order(device) -> tuple[int, int]:
+  return getattr(device, 'slice_index', 0) or 0, device.id
 
 
 def _require(t: Target) -> None:

@@ -130,3 +130,26 @@ def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
   assert row['device_kind'] == 'NVIDIA H100 80GB HBM3'
   assert row['fits'] and row['devices'] == 8
   assert row['chip_memory_bytes'] == 80 * 10 ** 9
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_two_slices_compile_with_the_data_axis_across_them():
+  out = compile_at_size('--target', 'v5e-4', '--slices', '2', '--config',
+                        'lm_shakespeare:tiny', '--config.mesh.data=2',
+                        '--config.mesh.fsdp=4', '--config.batch_size=16')
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['devices'] == 8 and row['slices'] == 2
+  assert row['mesh'] == {'data': 2, 'fsdp': 4, 'tensor': 1}
+  assert row['fits']
+
+
+def test_devices_come_slice_by_slice():
+  class Device:
+    def __init__(self, slice_index, id_):
+      self.slice_index, self.id = slice_index, id_
+  mixed = [Device(1, 0), Device(0, 1), Device(0, 0), Device(1, 1)]
+  order = sorted(mixed, key=targets._device_order)  # pylint: disable=protected-access
+  assert [(d.slice_index, d.id) for d in order] == [(0, 0), (0, 1), (1, 0),
+                                                     (1, 1)]
