@@ -84,6 +84,7 @@ def compile_at_size(*flags, pythonpath=None):
 
 
 @needs_tpu
+@pytest.mark.slow
 def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
   out = compile_at_size('--target', 'v5e-4', '--config',
                         'lm_shakespeare:tiny', '--config.batch_size=16',
@@ -105,6 +106,7 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
 
 
 @needs_tpu
+@pytest.mark.slow
 def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
   env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
   # About a terabyte of activations per chip: refused, never prepared.
@@ -121,6 +123,7 @@ def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
 
 
 @needs_gpu
+@pytest.mark.slow
 def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
   out = compile_at_size('--target', 'h100-8', '--config',
                         'lm_shakespeare:tiny', '--config.batch_size=16',

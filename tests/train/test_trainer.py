@@ -163,6 +163,7 @@ def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
     checks.check_resumable(cfg, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_steps_run_alone_or_two_in_flight_to_the_same_bits(
     tmp_path, monkeypatch, fake_data_dir):
   """trainer.SLOW_STEP_S only changes when the host waits, never a
