@@ -26,6 +26,8 @@ import signal
 import threading
 from typing import NamedTuple
 
+from jax_transformer.errors import UsageError
+
 ENV = 'JAX_TRANSFORMER_FAULT'
 PHASES = ('data', 'compile', 'step', 'eval', 'save')
 ACTIONS = ('SIGTERM', 'SIGINT', 'SIGKILL', 'stall')
@@ -41,11 +43,11 @@ class Fault(NamedTuple):
 
 
 def parse(text: str) -> Fault:
-  """'ACTION@PHASE:STEP' as a Fault; ValueError in one sentence."""
+  """'ACTION@PHASE:STEP' as a Fault; UsageError in one sentence."""
   action, _, where = text.partition('@')
   phase, _, step = where.partition(':')
   if action not in ACTIONS or phase not in PHASES or not step.isdigit():
-    raise ValueError(f'{ENV}={text!r} must read ACTION@PHASE:STEP with '
+    raise UsageError(f'{ENV}={text!r} must read ACTION@PHASE:STEP with '
                      f'ACTION one of {", ".join(ACTIONS)} and PHASE one of '
                      f'{", ".join(PHASES)}, e.g. SIGTERM@eval:8.')
   return Fault(action, phase, int(step))

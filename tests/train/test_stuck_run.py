@@ -66,7 +66,7 @@ def test_a_bad_step_timeout_is_refused_in_one_sentence():
 
 def test_a_fault_names_its_action_phase_and_step():
   assert faults.parse('SIGTERM@eval:8') == ('SIGTERM', 'eval', 8)
-  with pytest.raises(ValueError, match='ACTION@PHASE:STEP'):
+  with pytest.raises(UsageError, match='ACTION@PHASE:STEP'):
     faults.parse('SIGTERM@lunch:8')
 
 
