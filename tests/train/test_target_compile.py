@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import repo
+import script_helpers
 
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import gpu_specs, targets
@@ -156,3 +157,21 @@ def test_devices_come_slice_by_slice():
   order = sorted(mixed, key=targets._device_order)  # pylint: disable=protected-access
   assert [(d.slice_index, d.id) for d in order] == [(0, 0), (0, 1), (1, 0),
                                                      (1, 1)]
+
+
+def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
+  table = script_helpers.load_script('target_table')
+  row = {'config': 'lm_7b', 'target': 'v5p-128',
+         'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}, 'batch_size': 512,
+         'seq_len': 2048, 'per_chip_bytes': 63.2e9, 'estimate_bytes': 53.5e9,
+         'chip_memory_bytes': 102.0e9, 'fits': True, 'over_by_bytes': 0,
+         'compile_s': 97.4, 'mfu_bound': 1.0}
+  failed = {'config': 'wmt_base', 'target': 'h100-8',
+            'error': 'no compile within 1800 s'}
+  lines = table.markdown([row, failed]).splitlines()
+  assert lines[2] == ('| `lm_7b` | `v5p-128` | fsdp 64 | 512 x 2048 | 63.2 '
+                      'of 102.0 GB | yes | 0.85x | 97 s | 100% |')
+  assert 'no compile within 1800 s' in lines[3]
+  with pytest.raises(SystemExit) as exit_:
+    table.parse_args(['--targets', 'v9-8'])
+  assert exit_.value.code == 2

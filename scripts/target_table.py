@@ -1,0 +1,111 @@
+"""The docs' table of configs on TPU pods and GPUs, made by one command.
+
+    python scripts/target_table.py                     # every pair below
+    python scripts/target_table.py --configs lm_1_3b --targets v5p-128
+
+Each (config, target) pair is compiled by ``compile_at_size.py --target``
+in a process of its own (a GPU target must be the first thing a process
+compiles for), with the config as shipped. The rows go to --output as JSON
+lines; the table (markdown) to stdout: per-chip memory by the target's
+compiler against the chip's, the pre-flight estimate's ratio to it,
+compile time and the roofline MFU bound. A pair that fails to compile is a
+row saying why. Needs ``pip install -e '.[aot]'`` (and the GPU compiler for
+h100/h200 targets, see docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from jax_transformer import cli
+from jax_transformer.runtime import targets
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = ('wmt_base', 'wmt_base:big', 'gpt2_small', 'lm_350m', 'lm_1_3b',
+           'lm_7b')
+TARGETS = ('v5e-256', 'v5p-128', 'v6e-256', 'h100-8')
+GB = 1e9
+
+
+def parse_args(argv=None):
+  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--configs', default=','.join(CONFIGS),
+                 help='comma-separated NAME[:preset]')
+  p.add_argument('--targets', default=','.join(TARGETS),
+                 help='comma-separated, of ' + ', '.join(targets.TARGETS))
+  p.add_argument('--timeout', type=float, default=1800,
+                 help='seconds one compile may take')
+  p.add_argument('--output', help='also write the JSON rows here')
+  args = p.parse_args(argv)
+  for name in args.targets.split(','):
+    if name not in targets.TARGETS:
+      p.error(f'--targets: unknown {name}; choose from '
+              f'{", ".join(targets.TARGETS)}.')
+  for spec in args.configs.split(','):
+    cli.config_path(spec.partition(':')[0])  # a missing one: one line
+  return args
+
+
+def compile_pair(config: str, target: str, timeout: float) -> dict:
+  """compile_at_size.py's row for one pair, or a row with 'error'."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
+  try:
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, 'compile_at_size.py'),
+         '--target', target, '--config', config],
+        env=env, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {'config': config, 'target': target,
+            'error': f'no compile within {timeout:.0f} s'}
+  if out.returncode:
+    lines = out.stderr.strip().splitlines() or ['(no output)']
+    return {'config': config, 'target': target, 'error': lines[-1]}
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def markdown(rows: list[dict]) -> str:
+  """The rows as the docs' table."""
+  lines = ['| config | target | mesh | rows x tokens | per chip (compiler) '
+           '| fits | estimate / compiler | compile | MFU bound |',
+           '|---|---|---|---|---:|---|---:|---:|---:|']
+  for r in rows:
+    if 'error' in r:
+      lines.append(f'| `{r["config"]}` | `{r["target"]}` | | | | '
+                   f'{r["error"]} | | | |')
+      continue
+    mesh = ' x '.join(f'{k} {v}' for k, v in r['mesh'].items() if v > 1)
+    need = r['per_chip_bytes'] or 0
+    ratio = f'{r["estimate_bytes"] / need:.2f}x' if need else '-'
+    mfu = (f'{r["mfu_bound"]:.0%}' if r.get('mfu_bound') is not None
+           else '-')
+    fits = 'yes' if r['fits'] else f'no (+{r["over_by_bytes"] / GB:.1f} GB)'
+    lines.append(
+        f'| `{r["config"]}` | `{r["target"]}` | {mesh or "1"} | '
+        f'{r["batch_size"]} x {r["seq_len"]} | {need / GB:.1f} of '
+        f'{r["chip_memory_bytes"] / GB:.1f} GB | {fits} | {ratio} | '
+        f'{r["compile_s"]:.0f} s | {mfu} |')
+  return '\n'.join(lines)
+
+
+@cli.entry_point('target_table.py')
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  rows = []
+  for target in args.targets.split(','):
+    for config in args.configs.split(','):
+      row = compile_pair(config, target, args.timeout)
+      print(f'{config} on {target}: '
+            f'{row.get("error") or "compiled"}', file=sys.stderr, flush=True)
+      rows.append(row)
+      if args.output:
+        with open(args.output, 'a') as f:
+          f.write(json.dumps(row) + '\n')
+  print(markdown(rows))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
