@@ -180,7 +180,7 @@ def launch(args, workdir: str, log_path: str, kill: Kill | None = None
   env.pop(faults.ENV, None)
   if kill is not None and kill.anchor == 'phase':
     name = signal.Signals(kill.signum).name
-    env[faults.ENV] = f"{name}@{kill.phase}:{kill.count}"
+    env[faults.ENV] = str(faults.Fault(name, kill.phase, kill.count))
   # This checkout's package, whatever else is installed.
   env['PYTHONPATH'] = os.pathsep.join(
       p for p in (ROOT, env.get('PYTHONPATH')) if p)
@@ -371,10 +371,6 @@ def check_round(args, reference: str, workdir: str) -> None:
   compare_metrics(logged(reference), logged(workdir), workdir)
 
 
-def _step_order(name: str) -> tuple[int, str]:
-  return (int(name) if name.isdigit() else -1), name
-
-
 class Damage:
   """Damages one committed step of a workdir at random (a kind of
   checkpoint_damage), never the last readable one: a run with no readable
@@ -387,9 +383,9 @@ class Damage:
   def __call__(self, workdir: str) -> str:
     """Damages one; says which and how (empty when it damaged none)."""
     folder = os.path.join(workdir, 'checkpoints')
-    intact = [name for name in sorted(entries(workdir), key=_step_order)
-              if name.isdigit()
-              and self._key(folder, name) not in self._done]
+    steps = sorted((n for n in entries(workdir) if n.isdigit()), key=int)
+    intact = [name for name in steps
+              if self._key(folder, name) not in self._done]
     if len(intact) < 2:
       return ''
     # The newest half the time: that is the one a restart reads.

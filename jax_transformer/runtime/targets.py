@@ -5,7 +5,7 @@ plugin (``pip install -e '.[aot]'``). Both hand out compile-only devices
 for a described topology (``jax.experimental.topologies``): a mesh of them
 lowers and compiles real steps, and the compiler's memory and cost figures
 answer, but nothing can run. ``devices('v5p-128')`` gives such devices;
-the chip facts below (vendor figures) turn the compiler's figures into a
+the chip rates below (vendor figures) turn the compiler's figures into a
 roofline.
 
 TPU names count TensorCores as Google Cloud's do before v5e (v4-8 and
@@ -24,28 +24,24 @@ from jax.experimental import topologies
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import gpu_specs
 
-GB = 1e9
-_GIB = 2 ** 30
-
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One accelerator chip: its memory and peak rates (per chip)."""
+  """One accelerator chip's rates. Its memory and peak FLOP/s are those
+  built in for its kind (``train/memory.py``, ``train/perf.py``)."""
   kind: str               # as jax.Device.device_kind reads
-  memory_bytes: int       # HBM
-  peak_flops: float       # bf16 dense, FLOP/s
   hbm_bytes_per_s: float
   link_bytes_per_s: float  # chip-to-chip (ICI or NVLink), one direction
 
 
 # Google Cloud's TPU pages and NVIDIA's datasheets.
 CHIPS = {
-    'v4': Chip('TPU v4', 32 * _GIB, 275e12, 1228e9, 270e9),
-    'v5e': Chip('TPU v5 lite', 16 * _GIB, 197e12, 819e9, 200e9),
-    'v5p': Chip('TPU v5', 95 * _GIB, 459e12, 2765e9, 600e9),
-    'v6e': Chip('TPU v6 lite', 32 * _GIB, 918e12, 1640e9, 400e9),
-    'h100': Chip('NVIDIA H100 80GB HBM3', 80 * GB, 989e12, 3350e9, 450e9),
-    'h200': Chip('NVIDIA H200', 141 * GB, 989e12, 4800e9, 450e9),
+    'v4': Chip('TPU v4', 1228e9, 270e9),
+    'v5e': Chip('TPU v5 lite', 819e9, 200e9),
+    'v5p': Chip('TPU v5', 2765e9, 600e9),
+    'v6e': Chip('TPU v6 lite', 1640e9, 400e9),
+    'h100': Chip('NVIDIA H100 80GB HBM3', 3350e9, 450e9),
+    'h200': Chip('NVIDIA H200', 4800e9, 450e9),
 }
 
 

@@ -160,7 +160,7 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
              if setup.model_config.num_encoder_layers else 0)
   model_flops = perf.step_flops(setup.model_config, cfg.batch_size, src_len,
                                 cfg.seq_len)['train']
-  compute_s = model_flops / (chips * chip.peak_flops)
+  compute_s = model_flops / (chips * perf.peak_flops(chip.kind))
   row = {'model_flops_per_step': model_flops, 'compute_bound_s': compute_s}
   if train.compiled is None:
     return row
@@ -208,14 +208,15 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     kernel = attention.implementation(setup.model_config,
                                       setup.model_config.dtype)
   per_chip = train.per_chip_bytes
+  chip_memory = memory.builtin_memory(chip.kind)
   row = {
       'config': spec, 'target': target.name, 'slices': slices,
       'devices': len(devices), 'device_kind': devices[0].device_kind,
       'mesh': dict(mesh.shape), 'batch_size': cfg.batch_size,
       'seq_len': cfg.seq_len,
-      'fits': per_chip is not None and per_chip <= chip.memory_bytes,
-      'per_chip_bytes': per_chip, 'chip_memory_bytes': chip.memory_bytes,
-      'over_by_bytes': max(0, (per_chip or 0) - chip.memory_bytes),
+      'fits': per_chip is not None and per_chip <= chip_memory,
+      'per_chip_bytes': per_chip, 'chip_memory_bytes': chip_memory,
+      'over_by_bytes': max(0, (per_chip or 0) - chip_memory),
       'estimate_bytes': facts['estimate'].total,
       'compile_s': round(train.compile_s, 2),
       'eval_compile_s': round(evaluation.compile_s, 2),
