@@ -17,6 +17,7 @@ from flax import nnx
 from jax.experimental import checkify
 
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.model import splash
 from jax_transformer.model.layers import dropout, param, rotate
 
 # Re-exported: the mask helpers lived here first.
@@ -71,21 +72,45 @@ def compiling_for(platform: str) -> Iterator[None]:
     _TARGET_PLATFORM.reset(token)
 
 
-def implementation(config: ModelConfig, dtype) -> str | None:
-  """The ``jax.nn.dot_product_attention`` backend for config and dtype.
+def _platform() -> str:
+  """The platform compiled for (``compiling_for``), else JAX's."""
+  return _TARGET_PLATFORM.get() or jax.default_backend()
 
-  'auto' picks cuDNN's fused kernel on a GPU when the dtype is 16-bit and
-  the head width is one it takes, and XLA otherwise (CPU, TPU, float32).
-  The platform is the one compiled for (``compiling_for``), else JAX's.
+
+def implementation(config: ModelConfig, dtype) -> str | None:
+  """The attention backend for config and dtype: 'splash' (the Pallas TPU
+  kernel, :mod:`splash`) or a ``jax.nn.dot_product_attention`` backend.
+
+  'auto' picks splash on a TPU, cuDNN's fused kernel on a GPU when the
+  dtype is 16-bit and the head width is one it takes, and XLA otherwise
+  (CPU, float32 on a GPU). Masks splash does not take go to XLA.
   """
   chosen = config.attention_implementation
   if chosen != 'auto':
     return chosen
-  platform = _TARGET_PLATFORM.get() or jax.default_backend()
+  platform = _platform()
+  if platform == 'tpu':
+    return 'splash'
   fused = (platform == 'gpu'
            and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
            and config.head_dim in CUDNN_HEAD_DIMS)
   return 'cudnn' if fused else 'xla'
+
+
+def fused_context(q: Array, k: Array, v: Array, mask: Mask,
+                  backend: str | None) -> Array:
+  """softmax(q k^T / sqrt(H)) v by backend, without dropout.
+
+  q [B, T, N, H], k and v [B, S, K, H] -> [B, T, N, H]. 'splash' runs
+  where the kernel takes the mask (interpreted off a TPU), XLA elsewhere.
+  """
+  if backend == 'splash':
+    if splash.takes(mask, q.shape[1], k.shape[1]):
+      return splash.attention(q, k, v, mask,
+                              interpret=_platform() != 'tpu')
+    backend = 'xla'
+  return jax.nn.dot_product_attention(q, k, v, **attention_args(mask),
+                                      implementation=backend)
 
 
 class KVCache(NamedTuple):
@@ -244,9 +269,8 @@ class Attention(nnx.Module):
     rate = self.config.attention_dropout_rate
     mask = as_mask(mask)
     if deterministic or rate == 0.0:
-      ctx = jax.nn.dot_product_attention(
-          q, k, v, **attention_args(mask),
-          implementation=implementation(self.config, q.dtype))
+      ctx = fused_context(q, k, v, mask,
+                          implementation(self.config, q.dtype))
     else:
       ctx = self._attend_with_dropout(
           q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)

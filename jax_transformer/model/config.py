@@ -57,9 +57,10 @@ class ModelConfig:
   # Compute dtype of matmuls; norms, softmax and logits stay float32.
   dtype: str = 'float32'
   param_dtype: str = 'float32'
-  # jax.nn.dot_product_attention backend: 'auto' (cuDNN on a GPU when the
-  # dtype is 16-bit and the head width allows, XLA otherwise), 'xla',
-  # 'cudnn', or None (JAX's own default, today XLA).
+  # Attention backend: 'auto' (the Pallas splash kernel on a TPU, cuDNN on
+  # a GPU when the dtype is 16-bit and the head width allows, XLA
+  # otherwise), 'xla', 'cudnn', 'splash' (interpreted off a TPU: slow, for
+  # tests), or None (jax.nn.dot_product_attention's own default).
   attention_implementation: str | None = 'auto'
   # Where dropout's random bits come from: 'hash' (a counter hash seeded
   # per call from the step's key: cheap to run and to compile) or
@@ -120,9 +121,10 @@ class ModelConfig:
       yield f'remat must be one of {REMAT_POLICIES}, got {self.remat!r}.'
     if not isinstance(self.scan_layers, bool):
       yield f'scan_layers must be True or False, got {self.scan_layers!r}.'
-    if self.attention_implementation not in (None, 'auto', 'xla', 'cudnn'):
-      yield ('attention_implementation must be "auto", "xla", "cudnn" or '
-             'None, got '
+    if self.attention_implementation not in (None, 'auto', 'xla', 'cudnn',
+                                             'splash'):
+      yield ('attention_implementation must be "auto", "xla", "cudnn", '
+             '"splash" or None, got '
              f'{self.attention_implementation!r}.')
     if (self.attention_implementation == 'cudnn'
         and self.dtype not in ('bfloat16', 'float16')):

@@ -208,7 +208,7 @@ def _probability_bytes(mc: ModelConfig) -> int:
   pick = getattr(attention, 'implementation', None)
   chosen = (pick(mc, mc.compute_dtype) if pick
             else mc.attention_implementation)
-  if chosen == 'cudnn':
+  if chosen in ('cudnn', 'splash'):
     return 0  # a fused kernel keeps only per-row softmax statistics
   # XLA's path: the float32 softmax and, below float32, its cast copy.
   return 4 + (c if c < 4 else 0)

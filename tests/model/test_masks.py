@@ -159,13 +159,14 @@ def test_unpacked_step_loss_and_gradients_equal_the_segment_path(kind):
 
 @pytest.mark.parametrize('backend,dtype,heads,want', [
     ('cpu', 'bfloat16', 4, 'xla'),
-    ('tpu', 'bfloat16', 4, 'xla'),
+    ('tpu', 'bfloat16', 4, 'splash'),   # the Pallas kernel
+    ('tpu', 'float32', 4, 'splash'),
     ('gpu', 'bfloat16', 4, 'cudnn'),
     ('gpu', 'float16', 4, 'cudnn'),
     ('gpu', 'float32', 4, 'xla'),       # cuDNN attention has no float32
     ('gpu', 'bfloat16', 1, 'xla'),      # head width 256 > 128
 ])
-def test_auto_picks_cudnn_only_where_it_runs(monkeypatch, backend, dtype,
+def test_auto_picks_a_fused_kernel_only_where_it_runs(monkeypatch, backend, dtype,
                                              heads, want):
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
   config = ModelConfig(d_model=256, num_heads=heads, dtype=dtype)

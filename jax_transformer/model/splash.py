@@ -1,0 +1,154 @@
+"""TPU flash attention: the Pallas splash kernel, for the masks it takes.
+
+The kernel (``jax.experimental.pallas.ops.tpu.splash_attention``) walks
+keys in blocks with an online softmax, so the [B, N, T, S] probabilities
+never exist, and it skips blocks the mask empties (the causal half). It
+takes a static mask per head and per-row segment ids; our :class:`Mask`
+maps onto those when every query keeps at least one key (the kernel
+divides by zero otherwise):
+
+- causal self-attention, with or without packing or right padding;
+- non-causal self-attention (an encoder) with right padding.
+
+Key lengths become segment ids: every query is segment 1 and keys past a
+row's length segment 2, so each query reads the same real keys as on
+XLA's path. Packed rows use their own segment ids (padding, segment 0,
+then attends other padding; those outputs are ignored downstream).
+Anything else (cross-attention, dense masks, short or ragged lengths)
+stays on XLA's path: :func:`takes` says which.
+
+A Pallas call cannot be partitioned by the compiler, so under a mesh the
+kernel runs per shard (``jax.shard_map``): batch over ('data', 'fsdp'),
+heads over 'tensor', as :func:`sharding.constrain` lays them out.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from jax_transformer.model import sharding
+from jax_transformer.model.masks import Mask
+
+Array = jax.Array
+
+# Sequence lengths must be whole blocks of this many tokens (a TPU vector
+# register's 128 lanes); blocks grow to BLOCK tokens where lengths allow.
+LANES = 128
+BLOCK = 512
+
+
+def takes(mask: Mask, num_queries: int, num_keys: int) -> bool:
+  """Whether the kernel computes this self-attention exactly."""
+  if mask.dense_part is not None or num_queries != num_keys:
+    return False
+  if num_queries % LANES:
+    return False
+  packed = mask.key_segments is not None
+  if packed and (mask.key_lengths is not None
+                 or mask.query_segments is not mask.key_segments):
+    return False
+  return True
+
+
+def _block(length: int) -> int:
+  """The largest block up to BLOCK that divides length (a multiple of 128)."""
+  return max(b for b in range(LANES, BLOCK + 1, LANES) if length % b == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
+            interpret: bool):
+  """The splash kernel for [num_heads, length, H] queries (one row)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  shape = (length, length)
+  head = splash.CausalMask(shape) if causal else splash.FullMask(shape)
+  b = _block(length)
+  blocks = splash.BlockSizes(
+      block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+      block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
+  make = splash.make_splash_mqa if grouped else splash.make_splash_mha
+  return make(splash.MultiHeadMask([head] * num_heads), block_sizes=blocks,
+              head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def _segments(mask: Mask, batch: int, length: int) -> tuple[Array, Array]:
+  """(query, key) segment ids, each [B, T] int32, for mask."""
+  if mask.key_segments is not None:
+    ids = mask.key_segments.astype(jnp.int32)
+    return ids, ids
+  queries = jnp.ones((batch, length), jnp.int32)
+  if mask.key_lengths is None:
+    return queries, queries
+  # An empty row (an evaluation batch's filler) keeps its first key, so
+  # no query is left without one; its outputs are ignored downstream.
+  lengths = jnp.maximum(mask.key_lengths, 1)
+  past = jnp.arange(length)[None, :] >= lengths[:, None]
+  return queries, jnp.where(past, 2, 1).astype(jnp.int32)
+
+
+def _attend_local(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
+                  *, causal: bool, interpret: bool) -> Array:
+  """The kernel over one shard: q [B, T, N, H], k and v [B, S, K, H],
+  ids [B, T] -> [B, T, N, H]."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
+  _, length, heads, width = q.shape
+  groups = heads // k.shape[2]
+  q = (q * (1.0 / math.sqrt(width))).astype(q.dtype)
+  q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))  # [B, heads, T, H]
+
+  def one_row(q, k, v, q_ids, kv_ids):
+    ids = splash.SegmentIds(q=q_ids, kv=kv_ids)
+    if groups == 1:
+      return _kernel(heads, length, causal, False, interpret)(
+          q, k, v, segment_ids=ids)
+    # Query head n reads key head n // groups: one MQA call per key head.
+    kernel = _kernel(groups, length, causal, True, interpret)
+    q = q.reshape(k.shape[0], groups, length, width)
+    out = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(q, k, v)
+    return out.reshape(heads, length, width)
+
+  out = jax.vmap(one_row)(q, k, v, q_ids, kv_ids)
+  return jnp.swapaxes(out, 1, 2).astype(v.dtype)
+
+
+def _spec(mesh, shape, axes) -> PartitionSpec:
+  """Mesh axes for each dimension, dropped where they do not divide it."""
+  spec = []
+  for dim, names in zip(shape, axes):
+    names = tuple(a for a in names if a in mesh.axis_names)
+    if names and dim % math.prod(mesh.shape[a] for a in names):
+      names = ()
+    spec.append(names or None)
+  return PartitionSpec(*spec)
+
+
+def attention(q: Array, k: Array, v: Array, mask: Mask,
+              interpret: bool = False) -> Array:
+  """softmax(q k^T / sqrt(H)) v by the splash kernel (check :func:`takes`).
+
+  q [B, T, N, H], k and v [B, T, K, H] (K divides N) -> [B, T, N, H].
+  interpret runs the kernel in Pallas's interpreter (any host, slowly).
+  """
+  batch, length = q.shape[:2]
+  q_ids, kv_ids = _segments(mask, batch, length)
+  local = functools.partial(_attend_local, causal=mask.causal,
+                            interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return local(q, k, v, q_ids, kv_ids)
+  batch_axes, head_axes = sharding.BATCH_AXES, ('tensor',)
+  q_spec = _spec(mesh, q.shape, (batch_axes, (), head_axes, ()))
+  kv_spec = _spec(mesh, k.shape, (batch_axes, (), head_axes, ()))
+  if q_spec[2] != kv_spec[2]:  # heads split unevenly: keep groups whole
+    q_spec = PartitionSpec(q_spec[0], None, None, None)
+    kv_spec = PartitionSpec(kv_spec[0], None, None, None)
+  ids_spec = PartitionSpec(q_spec[0], None)
+  return jax.shard_map(
+      local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, ids_spec,
+                                  ids_spec),
+      out_specs=q_spec, check_vma=False)(q, k, v, q_ids, kv_ids)
