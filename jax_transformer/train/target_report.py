@@ -200,8 +200,9 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     # cuDNN's fused attention compiles only with cuDNN's library at hand.
     cfg = cfg.copy_and_resolve_references()
     cfg.model.attention_implementation = 'xla'
-    kernel_note = ('cudnn (auto) did not compile here: cuDNN is not '
-                   'installed; compiled with xla')
+    kernel_note = ("cudnn (auto) did not compile here: cuDNN's library is "
+                   "not installed (pip install -e '.[aot-gpu]'); compiled "
+                   'with xla')
     train, evaluation, facts = compile_steps(cfg, devices, platform)
   setup, mesh = facts['setup'], facts['mesh']
   in_hlo = (hlo_stats.attention_kernels(train.compiled.as_text())

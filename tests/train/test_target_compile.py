@@ -24,6 +24,8 @@ GPU_COMPILER = os.path.join(repo.ROOT, '.ci-cache', 'gpu-compiler')
 HAS_TPU = importlib.util.find_spec('libtpu') is not None
 HAS_GPU = (importlib.util.find_spec('jax_cuda12_plugin') is not None
            or os.path.isdir(os.path.join(GPU_COMPILER, 'jax_cuda12_plugin')))
+HAS_CUDNN = (importlib.util.find_spec('nvidia') is not None
+             or os.path.isdir(os.path.join(GPU_COMPILER, 'nvidia', 'cudnn')))
 needs_tpu = pytest.mark.skipif(
     not HAS_TPU, reason="no TPU compiler: pip install -e '.[aot]'")
 needs_gpu = pytest.mark.skipif(
@@ -87,15 +89,18 @@ def compile_at_size(*flags, pythonpath=None):
 @needs_tpu
 @pytest.mark.slow
 def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
+  # Whole 128-token blocks: the splash kernel takes the attention.
   out = compile_at_size('--target', 'v5e-4', '--config',
                         'lm_shakespeare:tiny', '--config.batch_size=16',
+                        '--config.seq_len=128', '--config.model.max_len=128',
                         '--serialize', str(tmp_path / 'step.bin'))
   assert out.returncode == 0, out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['device_kind'] == 'TPU v5 lite' and row['devices'] == 4
   assert row['fits'] and 0 < row['per_chip_bytes'] < row['chip_memory_bytes']
   assert row['chip_memory_bytes'] == 16 * 2 ** 30
-  assert row['attention_kernel'] == 'xla'
+  assert row['attention_kernel'] == 'splash'
+  assert row['attention_kernels_in_hlo'] == ['pallas']
   # Data parallel over 4 chips: the gradients are all-reduced.
   assert row['collective_bytes']['all-reduce'] > 0
   assert 0 < row['mfu_bound'] <= 1
@@ -128,12 +133,19 @@ def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
 def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
   out = compile_at_size('--target', 'h100-8', '--config',
                         'lm_shakespeare:tiny', '--config.batch_size=16',
+                        '--config.seq_len=128', '--config.model.max_len=128',
+                        '--config.model.dtype=bfloat16',
                         pythonpath=GPU_COMPILER)
   assert out.returncode == 0, out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['device_kind'] == 'NVIDIA H100 80GB HBM3'
   assert row['fits'] and row['devices'] == 8
   assert row['chip_memory_bytes'] == 80 * 10 ** 9
+  if not HAS_CUDNN:
+    pytest.skip("cuDNN's library is absent: pip install -e '.[aot-gpu]'")
+  # bfloat16, 16-wide heads: 'auto' picks cuDNN and its compiler built it.
+  assert row['attention_kernel'] == 'cudnn'
+  assert row['attention_kernels_in_hlo'] == ['cudnn']
 
 
 @needs_tpu
