@@ -8,7 +8,10 @@ in a process of its own (a GPU target must be the first thing a process
 compiles for), with the config as shipped. The rows go to --output as JSON
 lines; the table (markdown) to stdout: per-chip memory by the target's
 compiler against the chip's, the pre-flight estimate's ratio to it,
-compile time and the roofline MFU bound. A pair that fails to compile is a
+compile time, the roofline MFU bound, and the largest global batch that
+fits (per-chip memory is affine in the batch: a second compile at half or
+twice the batch gives its slope). A GPU pair that does not fit one host is
+compiled again for eight hosts (h100-64, h200-64). A pair that fails to compile is a
 row saying why. Needs ``pip install -e '.[aot]'`` (and the GPU compiler for
 h100/h200 targets, see docs/scaling.md).
 """
@@ -49,13 +52,14 @@ def parse_args(argv=None):
   return args
 
 
-def compile_pair(config: str, target: str, timeout: float) -> dict:
+def compile_pair(config: str, target: str, timeout: float,
+                 *flags: str) -> dict:
   """compile_at_size.py's row for one pair, or a row with 'error'."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
   try:
     out = subprocess.run(
         [sys.executable, os.path.join(HERE, 'compile_at_size.py'),
-         '--target', target, '--config', config],
+         '--target', target, '--config', config, *flags],
         env=env, capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
     return {'config': config, 'target': target,
@@ -66,15 +70,34 @@ def compile_pair(config: str, target: str, timeout: float) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def largest_batch(row: dict, timeout: float) -> int | None:
+  """The largest global batch that fits a chip, a multiple of the batch
+  shards, from row's per-chip bytes and a second compile's."""
+  shipped = row['batch_size']
+  shards = row['mesh']['data'] * row['mesh']['fsdp']
+  half = shipped // 2
+  other = half if half and half % shards == 0 else 2 * shipped
+  second = compile_pair(row['config'], row['target'], timeout,
+                        f'--config.batch_size={other}')
+  need, need2 = row['per_chip_bytes'], second.get('per_chip_bytes')
+  if not need or not need2 or need == need2:
+    return None
+  per_row = (need - need2) / (shipped - other)
+  fixed = need - per_row * shipped
+  rows = (row['chip_memory_bytes'] - fixed) / per_row
+  return max(0, int(rows // shards) * shards)
+
+
 def markdown(rows: list[dict]) -> str:
   """The rows as the docs' table."""
   lines = ['| config | target | mesh | rows x tokens | per chip (compiler) '
-           '| fits | estimate / compiler | compile | MFU bound |',
-           '|---|---|---|---|---:|---|---:|---:|---:|']
+           '| fits | largest batch | estimate / compiler | compile '
+           '| MFU bound | attention |',
+           '|---|---|---|---|---:|---|---:|---:|---:|---:|---|']
   for r in rows:
     if 'error' in r:
       lines.append(f'| `{r["config"]}` | `{r["target"]}` | | | | '
-                   f'{r["error"]} | | | |')
+                   f'{r["error"]} | | | | | |')
       continue
     mesh = ' x '.join(f'{k} {v}' for k, v in r['mesh'].items() if v > 1)
     need = r['per_chip_bytes'] or 0
@@ -82,11 +105,13 @@ def markdown(rows: list[dict]) -> str:
     mfu = (f'{r["mfu_bound"]:.0%}' if r.get('mfu_bound') is not None
            else '-')
     fits = 'yes' if r['fits'] else f'no (+{r["over_by_bytes"] / GB:.1f} GB)'
+    largest = r.get('largest_batch')
     lines.append(
         f'| `{r["config"]}` | `{r["target"]}` | {mesh or "1"} | '
         f'{r["batch_size"]} x {r["seq_len"]} | {need / GB:.1f} of '
-        f'{r["chip_memory_bytes"] / GB:.1f} GB | {fits} | {ratio} | '
-        f'{r["compile_s"]:.0f} s | {mfu} |')
+        f'{r["chip_memory_bytes"] / GB:.1f} GB | {fits} | '
+        f'{largest if largest is not None else "-"} | {ratio} | '
+        f'{r["compile_s"]:.0f} s | {mfu} | {r["attention_kernel"]} |')
   return '\n'.join(lines)
 
 
@@ -96,15 +121,29 @@ def main(argv=None) -> int:
   rows = []
   for target in args.targets.split(','):
     for config in args.configs.split(','):
-      row = compile_pair(config, target, args.timeout)
-      print(f'{config} on {target}: '
-            f'{row.get("error") or "compiled"}', file=sys.stderr, flush=True)
-      rows.append(row)
-      if args.output:
-        with open(args.output, 'a') as f:
-          f.write(json.dumps(row) + '\n')
+      for row in pair_rows(config, target, args.timeout):
+        print(f'{config} on {row["target"]}: '
+              f'{row.get("error") or "compiled"}', file=sys.stderr,
+              flush=True)
+        rows.append(row)
+        if args.output:
+          with open(args.output, 'a') as f:
+            f.write(json.dumps(row) + '\n')
   print(markdown(rows))
   return 0
+
+
+def pair_rows(config: str, target: str, timeout: float) -> list[dict]:
+  """The pair's row with its largest batch; for a GPU host it does not
+  fit, the eight-host target's row too."""
+  row = compile_pair(config, target, timeout)
+  if 'error' in row:
+    return [row]
+  row['largest_batch'] = largest_batch(row, timeout)
+  hosts = target.replace('-8', '-64')
+  if row['fits'] or hosts == target or hosts not in targets.TARGETS:
+    return [row]
+  return [row] + pair_rows(config, hosts, timeout)
 
 
 if __name__ == '__main__':

@@ -50,7 +50,7 @@ class Target:
   """A slice (TPU) or a host (GPU) by its usual name."""
   name: str
   chip: str               # a key of CHIPS
-  topology: str           # TPU: 'v5e:2x2'; GPU: 'x'.join of the 3D shape
+  topology: str           # TPU: 'v5e:2x2'; GPU: hosts x 1 x GPUs per host
   megacore: bool = False  # two TensorCores as one device (v4, v5p)
 
   @property
@@ -76,7 +76,9 @@ TARGETS = {t.name: t for t in (
     Target('v6e-8', 'v6e', 'v6e:2x4'),
     Target('v6e-256', 'v6e', 'v6e:16x16'),
     Target('h100-8', 'h100', '1x1x8'),
+    Target('h100-64', 'h100', '8x1x8'),  # 8 hosts of 8
     Target('h200-8', 'h200', '1x1x8'),
+    Target('h200-64', 'h200', '8x1x8'),
 )}
 
 AOT_INSTALL = "pip install -e '.[aot]'"
@@ -105,7 +107,7 @@ def devices(t: Target, slices: int = 1) -> list:
     raise UsageError(f'--slices must be 1 or more, got {slices}.')
   if slices > 1 and t.platform != 'tpu':
     raise UsageError(f'--slices {slices}: several slices are a TPU layout; '
-                     f'{t.name} is one GPU host.')
+                     f'{t.name} is a GPU target.')
   _require(t)
   if t.platform == 'tpu':
     extra = {'chip_config_name': 'megacore'} if t.megacore else {}

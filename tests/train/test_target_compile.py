@@ -177,13 +177,26 @@ def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
          'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}, 'batch_size': 512,
          'seq_len': 2048, 'per_chip_bytes': 63.2e9, 'estimate_bytes': 53.5e9,
          'chip_memory_bytes': 102.0e9, 'fits': True, 'over_by_bytes': 0,
-         'compile_s': 97.4, 'mfu_bound': 1.0}
+         'compile_s': 97.4, 'mfu_bound': 1.0, 'attention_kernel': 'splash',
+         'largest_batch': 896}
   failed = {'config': 'wmt_base', 'target': 'h100-8',
             'error': 'no compile within 1800 s'}
   lines = table.markdown([row, failed]).splitlines()
   assert lines[2] == ('| `lm_7b` | `v5p-128` | fsdp 64 | 512 x 2048 | 63.2 '
-                      'of 102.0 GB | yes | 0.85x | 97 s | 100% |')
+                      'of 102.0 GB | yes | 896 | 0.85x | 97 s | 100% '
+                      '| splash |')
   assert 'no compile within 1800 s' in lines[3]
   with pytest.raises(SystemExit) as exit_:
     table.parse_args(['--targets', 'v9-8'])
   assert exit_.value.code == 2
+
+
+def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
+  table = script_helpers.load_script('target_table')
+  # 10 GB fixed and 0.1 GB a row: 96 GB of room holds 960 rows.
+  monkeypatch.setattr(table, 'compile_pair', lambda c, t, timeout, flag: {
+      'per_chip_bytes': 10e9 + 0.1e9 * int(flag.split('=')[1])})
+  row = {'config': 'lm_7b', 'target': 'v5p-128', 'batch_size': 512,
+         'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1},
+         'per_chip_bytes': 10e9 + 0.1e9 * 512, 'chip_memory_bytes': 106e9}
+  assert table.largest_batch(row, 60) == 960
