@@ -6,7 +6,10 @@ Reads each WORKDIR/metrics.jsonl (what the trainer writes; a resumed run's
 repeated steps count once) and draws, one colour per run, train loss (solid)
 and eval loss (dashed, dots at the evaluations) and, where logged, eval BLEU,
 against steps (top row) and against target tokens seen (bottom row: the sum
-of the trainer's ``target_tokens``). Train loss is the cross-entropy without
+of the trainer's ``target_tokens``), and where the runs' time went: one bar
+per run of start-up, compile, data waits, steps, checkpoints, evaluation
+and restarts, summed over every start of the workdir, with its goodput
+(also printed, a line per run). Train loss is the cross-entropy without
 label smoothing (``nll``), the quantity ``eval_loss`` measures. A workdir
 without metrics is one sentence on stderr and exit code 2.
 """
@@ -20,7 +23,7 @@ from typing import NamedTuple, Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
-from jax_transformer.train import metrics
+from jax_transformer.train import goodput, metrics
 
 PROG = 'plot_metrics.py'
 # (panel title, [(metric key, line style, legend name)]); the first key of
@@ -36,6 +39,7 @@ class Run(NamedTuple):
   name: str
   rows: list[dict]
   tokens: list[float] | None  # cumulative target tokens per row
+  time: dict | None  # goodput.across_starts of its starts' last rows
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,7 +69,9 @@ def load_run(workdir: str, name: str) -> Run:
     for row in rows:
       total += row['target_tokens']
       tokens.append(total)
-  return Run(name, rows, tokens)
+  # Every start's last row holds its times (train/goodput.py).
+  ends = [r for r in metrics.read_jsonl(workdir) if 'goodput' in r]
+  return Run(name, rows, tokens, goodput.across_starts(ends) if ends else None)
 
 
 def run_names(workdirs: Sequence[str]) -> list[str]:
@@ -100,9 +106,16 @@ def plot(runs: Sequence[Run], out: str) -> None:
   axes_x = [('step', lambda r: [row['step'] for row in r.rows])]
   if any(r.tokens for r in runs):
     axes_x.append(('target tokens seen', lambda r: r.tokens))
-  fig, axes = plt.subplots(len(axes_x), len(panels), squeeze=False,
-                           figsize=(6 * len(panels) + 2, 4 * len(axes_x)),
+  timed = [r for r in runs if r.time]
+  fig, axes = plt.subplots(len(axes_x) + bool(timed), len(panels),
+                           squeeze=False,
+                           figsize=(6 * len(panels) + 2,
+                                    4 * len(axes_x) + 2 * bool(timed)),
                            layout='constrained')
+  if timed:
+    for ax in axes[-1][1:]:
+      ax.set_visible(False)
+    time_bars(axes[-1][0], timed)
   for i, (xlabel, xs_of) in enumerate(axes_x):
     for j, (title, lines) in enumerate(panels):
       ax = axes[i][j]
@@ -130,6 +143,27 @@ def plot(runs: Sequence[Run], out: str) -> None:
     plt.close(fig)
 
 
+TIME_PARTS = ('startup', 'compile', 'restarts', 'data_wait', 'step',
+              'checkpoint', 'eval', 'other')
+
+
+def time_bars(ax, runs: Sequence[Run]) -> None:
+  """One horizontal bar per run: its wall time split into parts."""
+  for i, run in enumerate(runs):
+    left = 0.0
+    for c, part in enumerate(TIME_PARTS):
+      width = run.time.get(f'total_{part}_s', 0.0)
+      ax.barh(i, width, left=left, color=f'C{c}',
+              label=part.replace('_', ' ') if i == 0 else None)
+      left += width
+  ax.set_yticks(range(len(runs)),
+                [f'{r.name} ({r.time["goodput"]:.0%})' for r in runs])
+  ax.set_xlabel('seconds, all starts (goodput)')
+  ax.set_title('where the time went')
+  ax.legend(fontsize='small', ncols=4, loc='upper center',
+            bbox_to_anchor=(0.5, -0.35))
+
+
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
@@ -143,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run.tokens is None:
       print(f'{PROG}: {run.name} logs no target_tokens (older trainer); it '
             'is left out of the tokens row.', file=sys.stderr)
+  for run in runs:
+    if run.time:
+      print(f'{run.name}, {run.time["starts"]} start(s): '
+            f'{goodput.describe(run.time)}')
   plot(runs, args.out)
   return 0
 

@@ -82,7 +82,8 @@ def largest_batch(row: dict, timeout: float) -> int | None:
   half = shipped // 2
   other = half if half and half % shards == 0 else 2 * shipped
   second = compile_pair(row['config'], row['target'], timeout,
-                        f'--config.batch_size={other}')
+                        f'--config.batch_size={other}',
+                        f'--config.eval_batch_size={other}')
   need, need2 = row['per_chip_bytes'], second.get('per_chip_bytes')
   if not need or not need2 or need == need2:
     return None
@@ -148,8 +149,9 @@ def table_batch(config: str, target: str) -> int:
 def pair_rows(config: str, target: str, timeout: float) -> list[dict]:
   """The pair's row with its largest batch; for a GPU host it does not
   fit, the eight-host target's row too."""
-  row = compile_pair(config, target, timeout,
-                     f'--config.batch_size={table_batch(config, target)}')
+  batch = table_batch(config, target)
+  row = compile_pair(config, target, timeout, f'--config.batch_size={batch}',
+                     f'--config.eval_batch_size={batch}')
   if 'error' in row:
     return [row]
   row['largest_batch'] = largest_batch(row, timeout)

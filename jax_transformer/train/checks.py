@@ -58,6 +58,16 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
                               or not timeout >= 0):
     raise UsageError('config.step_timeout_s must be a number of seconds >= 0 '
                      f'(0: never; unset: automatic), got {timeout!r}.')
+  profile = cfg.get('profile') or {}
+  for name in ('start_step', 'num_steps'):
+    value = profile.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise UsageError(f'config.profile.{name} must be a non-negative '
+                       f'integer, got {value!r}.')
+  if profile.get('num_steps') and not profile.get('start_step'):
+    raise UsageError('config.profile.num_steps is set: set '
+                     'config.profile.start_step to the first step to trace '
+                     '(steps count from 1).')
   skips = cfg.optim.get('max_skipped_updates', 0)
   if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
     raise UsageError('config.optim.max_skipped_updates must be a '

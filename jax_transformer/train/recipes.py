@@ -97,6 +97,10 @@ def base_config() -> ConfigDict:
   # (runtime/stall.py). Unset: 20x the longest interval seen, at least
   # 600 s; 0: never. Compiling is not counted.
   c.step_timeout_s = optional(float)
+  # A jax.profiler trace of steps start_step .. start_step + num_steps - 1
+  # under WORKDIR/tensorboard/ (0 steps: none). A file named PROFILE in the
+  # workdir asks a running trainer for one (train/profiling.py).
+  c.profile = ConfigDict(dict(start_step=0, num_steps=0))
   c.seed = 0
   c.optim = ConfigDict(dict(
       optimizer='adamw', schedule='warmup_cosine', learning_rate=2e-3,

@@ -30,9 +30,11 @@ from jax_transformer.train import (
   checks,
   evaluation,
   experiment,
+  goodput,
   memory,
   optim,
   perf,
+  profiling,
   steps,
 )
 from jax_transformer.train import metrics as metrics_lib
@@ -253,21 +255,25 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(workdir.root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
   try:
-    last = _train(cfg, workdir, mesh, checkpointer)
+    last = _train(cfg, workdir, mesh, checkpointer, writer)
   finally:
     # Every exit path (finished, stopped, refused, failed): no save or
     # thread of this run outlives it.
     checkpointer.close()
+    writer.close()
   if watchdog:  # not on an error: the others must see this process go
     watchdog.stop()
   return last
 
 
 def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
-           checkpointer: checkpoint.Checkpointer) -> dict[str, Any]:
-  """train_and_evaluate after its checks, with the run's checkpointer
-  (closed by the caller)."""
+           checkpointer: checkpoint.Checkpointer,
+           writer: MetricWriter) -> dict[str, Any]:
+  """train_and_evaluate after its checks, with the run's checkpointer and
+  metrics writer (closed by the caller)."""
+  clock = goodput.Clock()  # start-up until the loop
   main = jax.process_index() == 0
   root = workdir.root
   prepared = prepare_data(cfg)
@@ -314,8 +320,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
       in_shardings=(shardings['params'], batch_sharding),
       out_shardings=replicated))
 
-  writer = MetricWriter(workdir, enabled=main)
   preemption = Preemption()
+  profiler = profiling.Profiler(cfg, workdir, main)
   step = int(jax.device_get(state['step']))
   start_step, pending, last = step, [], {}
   rates = Throughput(cfg, setup.model_config)
@@ -337,7 +343,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
       faults.reached('eval', at)
       watch.report()
       return preemption.should_stop(count)
-    with watch.paused() if not evaluated else contextlib.nullcontext():
+    with (watch.paused() if not evaluated else contextlib.nullcontext(),
+          clock.charged('eval')):
       try:
         return evaluate(eval_step, state['params'], cfg, tokenizer, mesh,
                         setup, stop=stop)
@@ -357,13 +364,15 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
             'signal had interrupted.')
       except evaluation.Interrupted:
         last['interrupted'] = preemption.requested or 'another host'
+    clock.switch('step')
     while step < cfg.num_steps and 'interrupted' not in last:
       faults.reached('data', step + 1)
-      batch = data.global_batch(next(train_iter), mesh)
+      with clock.charged('data_wait'):
+        batch = data.global_batch(next(train_iter), mesh)
       if compiled is None:
         faults.reached('compile', step + 1)
-        with watch.paused(), jax.sharding.use_abstract_mesh(
-            mesh.abstract_mesh):
+        with watch.paused(), clock.charged('compile'), \
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
           compiled, rates.compile_s = perf.compile_timed(train_step, state,
                                                          batch)
         log(f'Compiled the train step in {rates.compile_s:.1f} s.')
@@ -374,6 +383,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
         # CPU gloo): start it together.
         sync('train step compiled')
         tick = time.perf_counter()
+      profiler.before_step(step + 1)
       state, metrics = compiled(state, batch)
       faults.reached('step', step + 1)
       pending.append(metrics)
@@ -395,10 +405,14 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
         jax.block_until_ready(metrics)
         alone = time.perf_counter() - waited > SLOW_STEP_S
       step += 1
+      if profiler.after_step(step, metrics):
+        log(f'Wrote a profile of steps {profiler.written[-1][0]} to {step} '
+            f'under {workdir.tensorboard}.')
       done = step == cfg.num_steps
       if step % cfg.log_every == 0 or done:
         sums = jax.device_get(pending)  # waits for the step just dispatched
         watch.report()
+        clock.switch('other')
         now = time.perf_counter()
         progress.update(1)
         previous = None
@@ -418,6 +432,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
             progress.write(f'step {step}: train loss {last["loss"]:.4f}, '
                            f'eval loss {last["eval_loss"]:.4f}, perplexity '
                            f'{last["eval_perplexity"]:.2f}{bleu}')
+        last.update(clock.row())
         writer.write(step, last)
         # previous is cleared: the next step will not check this one.
         check_finite(sums[-1], step, checkpointer, max_skipped)
@@ -425,12 +440,14 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
                              tok_s=f'{last["tokens_per_s"]:,.0f}')
         # Evaluation and logging are not training time.
         tick = time.perf_counter()
+        clock.switch('step')
       stop = interrupted_eval or preemption.should_stop(step)
       if step % cfg.checkpoint_every == 0 or done or stop:
         # Never save a state a non-finite step produced.
-        check_finite(jax.device_get(metrics), step, checkpointer,
-                     max_skipped)
-        checkpointer.save(state, train_iter.get_state())
+        with clock.charged('checkpoint'):
+          check_finite(jax.device_get(metrics), step, checkpointer,
+                       max_skipped)
+          checkpointer.save(state, train_iter.get_state())
         watch.report()
         faults.reached('save', step)
       if stop:
@@ -440,13 +457,14 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
         break
   finally:
     progress.close()
+    profiler.stop()
     try:
       watch.report()  # the last save's wait is watched too
-      checkpointer.wait()  # raises SaveFailed for a save that failed
+      with clock.charged('checkpoint'):
+        checkpointer.wait()  # raises SaveFailed for a save that failed
     finally:
       watch.stop()
       checkpointer.close()  # before the sample: its threads end now
-      writer.close()
       preemption.restore()
   finished_now = finished_now or (step == cfg.num_steps > start_step)
   if finished_now and 'interrupted' not in last and cfg.sample.enabled:
@@ -454,8 +472,22 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
       log(f'{preemption.requested} after the last save: finished, without '
           'the sample.')
     else:
-      log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+      with clock.charged('eval'):
+        log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
+  if step > start_step or evaluated:  # a start with nothing to do: no row
+    _end_row(writer, workdir, step, last, clock.summary())
   return last
+
+
+def _end_row(writer: MetricWriter, workdir: WorkdirPaths, step: int,
+             last: dict, summary: dict[str, float]) -> None:
+  """The start's last metrics row: its last step's row again (a re-logged
+  step replaces it, see metrics.read_history), with where the time went;
+  and the summary line."""
+  row = {k: v for k, v in (last or _logged_row(workdir, step)).items()
+         if isinstance(v, (int, float))}
+  writer.write(step, {**row, **summary})
+  log(goodput.describe(summary))
 
 
 def _logged_row(workdir: WorkdirPaths, step: int) -> dict:

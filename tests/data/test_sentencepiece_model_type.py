@@ -94,6 +94,7 @@ def test_a_resumed_workdir_keeps_its_bpe_tokenizer(tmp_path, ding):
   cfg.num_steps = 2
   trainer.train_and_evaluate(cfg, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    assert [json.loads(row)['step'] for row in f] == [1, 2]
+    # Each start's rows, then its last row again with the start's times.
+    assert [json.loads(row)['step'] for row in f] == [1, 1, 2, 2]
   with open(os.path.join(saved, 'spm.model'), 'rb') as f:
     assert f.read() == first

@@ -104,3 +104,24 @@ def test_an_unwritable_out_exits_2(tmp_path, capsys):
     assert load_script().main([good, '--out', str(out)]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count('\n') == 1, err
+
+
+def test_time_is_summed_over_starts_and_drawn(tmp_path, capsys):
+  work = tmp_path / 'timed'
+  for start, steps in enumerate(([1, 2], [2, 3, 4])):
+    fake_run(work, steps)
+    writer = MetricWriter(str(work))  # each start's last row, again
+    writer.write(steps[-1], {
+        'loss': 1.0, 'nll': 1.0, 'target_tokens': 512.0,
+        'total_startup_s': 10.0, 'total_compile_s': 5.0,
+        'total_step_s': 80.0 - 40 * start, 'total_other_s': 5.0,
+        'wall_s': 100.0 - 40 * start, 'goodput': 0.8})
+    writer.close()
+  out = tmp_path / 'timed.png'
+  assert load_script().main([str(work), '--out', str(out)]) == 0
+  printed = capsys.readouterr().out
+  # 120 s of steps in 160 s; the second start's 15 s of start-up lost.
+  assert printed.startswith('timed, 2 start(s): Time: 160.0 s wall, '
+                            'goodput 75.0% (start-up 10.0 s, compile 5.0 s,')
+  assert 'restarts 15.0 s' in printed
+  assert png_size(out) == (800, 1000)  # a third row: the time bar

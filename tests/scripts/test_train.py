@@ -232,6 +232,7 @@ OUR_LINES = [r'parameter +shape +logical axes', r'[\w.]+ +\(\d+(, \d+)*,?\) ',
              r'Memory per device[ ,]', r'Resumed from step \d+ in .+\.$',
              r'Compiled the train step in [\d.]+ s\.$',
              r'step \d+: train loss [\d.]+, eval loss ',
+             r'Time: [\d.]+ s wall, goodput [\d.]+% \(start-up ',
              r'Checkpoint step \d+ could not be read \(.+\); moved it to '
              r'\S+\.unreadable and resumed from step \d+\.$']
 

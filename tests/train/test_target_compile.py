@@ -194,8 +194,8 @@ def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
 def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
   table = script_helpers.load_script('target_table')
   # 10 GB fixed and 0.1 GB a row: 96 GB of room holds 960 rows.
-  monkeypatch.setattr(table, 'compile_pair', lambda c, t, timeout, flag: {
-      'per_chip_bytes': 10e9 + 0.1e9 * int(flag.split('=')[1])})
+  monkeypatch.setattr(table, 'compile_pair', lambda c, t, timeout, *flags: {
+      'per_chip_bytes': 10e9 + 0.1e9 * int(flags[0].split('=')[1])})
   row = {'config': 'lm_7b', 'target': 'v5p-128', 'batch_size': 512,
          'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1},
          'per_chip_bytes': 10e9 + 0.1e9 * 512, 'chip_memory_bytes': 106e9}

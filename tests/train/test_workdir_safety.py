@@ -322,9 +322,11 @@ def test_a_final_evaluation_cut_by_a_stop_signal_is_finished_on_resume(
   assert [r['step'] for r in finished] == [r['step'] for r in whole] == [3]
   for name in ('loss', 'grad_norm', 'learning_rate', 'eval_loss'):
     assert finished[-1][name] == whole[-1][name], name
-  # A third start finds nothing left to do and logs nothing more.
+  # Each start logged step 3, then it again with the start's times. A
+  # third start finds nothing left to do and logs nothing more.
+  assert len(metrics.read_jsonl(tmp_path / 'cut')) == 4
   trainer.train_and_evaluate(cfg, str(tmp_path / 'cut'))
-  assert len(metrics.read_jsonl(tmp_path / 'cut')) == 2
+  assert len(metrics.read_jsonl(tmp_path / 'cut')) == 4
 
 
 def test_loss_metrics_stops_between_batches_when_asked(tmp_path):

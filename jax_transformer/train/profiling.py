@@ -1,0 +1,81 @@
+"""``jax.profiler`` traces of chosen training steps, planned or on demand.
+
+Planned: ``config.profile.start_step=N`` and ``config.profile.num_steps=M``
+trace steps N to N+M-1. On demand: a file named ``PROFILE`` in the workdir
+(its text, if a number, the steps to trace; else DEMAND_STEPS) makes a
+running trainer trace its next steps; the file is removed once the trace is
+written. Each trace is a run of its own under WORKDIR/tensorboard/
+(``steps_12-14/plugins/profile/<time>/``), where TensorBoard's profile
+plugin finds it (``*.xplane.pb``) and Perfetto opens the
+``*.trace.json.gz`` beside it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+from jax_transformer.runtime.workdir import WorkdirPaths
+
+DEMAND_FILE = 'PROFILE'
+DEMAND_STEPS = 5
+# Checked for every this many steps: a stat of the workdir is cheap, but a
+# workdir in object storage is not.
+DEMAND_EVERY = 10
+
+
+class Profiler:
+  """Starts and stops traces around steps; process 0's only on demand."""
+
+  def __init__(self, cfg, workdir: WorkdirPaths, main: bool):
+    profile = cfg.get('profile') or {}
+    self.start = int(profile.get('start_step', 0) or 0)
+    self.count = int(profile.get('num_steps', 0) or 0)
+    self._dir = os.fspath(workdir.tensorboard)
+    self._demand = os.path.join(os.fspath(workdir.root), DEMAND_FILE)
+    self._main = main
+    self._until = None  # the last step of the trace under way
+    self.written: list[tuple[int, int]] = []  # (first, last) step traced
+
+  def before_step(self, step: int) -> None:
+    """Starts a trace if step (1-based, about to run) is where one begins."""
+    if self._until is not None:
+      return
+    count = 0
+    if self.count and step == self.start:
+      count = self.count
+    elif step % DEMAND_EVERY == 0 or step == 1:
+      count = self._demanded()
+    if count:
+      self._first, self._until = step, step + count - 1
+      jax.profiler.start_trace(os.path.join(
+          self._dir, f'steps_{step}-{self._until}'))
+
+  def after_step(self, step: int, outputs) -> bool:
+    """Ends the trace after its last step (waiting for outputs, so the
+    trace holds the step's device work). True when a trace was written."""
+    if self._until is None or step < self._until:
+      return False
+    jax.block_until_ready(outputs)
+    self.stop()
+    return True
+
+  def stop(self) -> None:
+    """Ends a trace under way (the run ended inside it)."""
+    if self._until is None:
+      return
+    jax.profiler.stop_trace()
+    self.written.append((self._first, self._until))
+    self._until = None
+    if self._main and os.path.exists(self._demand):
+      os.remove(self._demand)
+
+  def _demanded(self) -> int:
+    """Steps the PROFILE file asks for, or 0 when there is none."""
+    try:
+      with open(self._demand) as f:
+        text = f.read().strip()
+    except OSError:
+      return 0
+    return int(text) if text.isdigit() and int(text) > 0 else DEMAND_STEPS
