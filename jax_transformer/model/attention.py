@@ -16,8 +16,8 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
-from jax_transformer.model.config import ModelConfig
 from jax_transformer.model import splash
+from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.layers import dropout, param, rotate
 
 # Re-exported: the mask helpers lived here first.
