@@ -29,7 +29,9 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jax_transformer.data import builders
+from jax_transformer.data import token_store
 from jax_transformer.data import tokenizers as tok
+from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError
 
 
@@ -64,6 +66,11 @@ class DatasetSpec:
   vocab_size: int = 8000
   local: bool = False
 
+  @property
+  def text_features(self) -> tuple[str, ...]:
+    """The text features of an example (what a token store holds)."""
+    return self.languages if self.task == 'translation' else (self.text_key,)
+
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
     # Paragraphs of plays, joined back with the blank line that separated them.
@@ -95,15 +102,6 @@ def default_data_dir() -> str:
   """$TFDS_DATA_DIR, else ~/tensorflow_datasets (the TFDS default)."""
   return os.path.expanduser(
       os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
-
-
-def as_text(value: Any) -> str:
-  """TFDS Text comes back as bytes from files (str from mock_data)."""
-  if isinstance(value, bytes):
-    return value.decode('utf-8')
-  if isinstance(value, np.ndarray):
-    return as_text(value.item())
-  return str(value)
 
 
 def load_source(name: str, split: str, data_dir: str | None = None):
@@ -153,7 +151,7 @@ def training_texts(spec: DatasetSpec, source,
   n = len(source)
   indices = (range(n) if n <= max_examples
              else np.linspace(0, n - 1, max_examples).astype(np.int64))
-  keys = spec.languages if spec.task == 'translation' else (spec.text_key,)
+  keys = spec.text_features
   for i in indices:
     example = source[int(i)]
     for key in keys:
@@ -217,6 +215,10 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
     _save_atomically(tokenizer_obj, tok_dir)
   num_examples = {split: info.num_examples
                   for split, info in builder.info.splits.items()}
+  for split in num_examples:  # token ids, written once for this tokenizer
+    token_store.open_or_build(
+        data_dir, spec.name, split, tokenizer_obj, spec.text_features,
+        lambda split=split: load_source(spec.name, split, data_dir))
   return PreparedData(spec, data_dir, tokenizer_obj, tok_dir, num_examples)
 
 

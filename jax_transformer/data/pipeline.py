@@ -42,10 +42,11 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data import batching
+from jax_transformer.data import batching, token_store
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
+  default_data_dir,
   get_spec,
   load_source,
 )
@@ -156,10 +157,24 @@ def stream_tokens(source, spec: DatasetSpec, tokenizer: Tokenizer
   return np.asarray(flat, dtype=np.int32)
 
 
-def _lm_stream_dataset(source, spec, tokenizer, *, seq_len, local_batch,
+def stored_stream(store, spec: DatasetSpec, tokenizer: Tokenizer
+                  ) -> np.ndarray:
+  """``stream_tokens`` from a token store: the same ids, nothing decoded."""
+  ids, offsets = store.ids(spec.text_key), store.offsets(spec.text_key)
+  sep = np.asarray([EOS_ID] if spec.stream_separator is None
+                   else tokenizer.encode(spec.stream_separator), np.int32)
+  pieces = []
+  for i in range(len(offsets) - 1):
+    if i:
+      pieces.append(sep)
+    pieces.append(ids[offsets[i]:offsets[i + 1]])
+  return (np.concatenate(pieces).astype(np.int32) if pieces
+          else np.zeros(0, np.int32))
+
+
+def _lm_stream_dataset(tokens, spec, *, seq_len, local_batch,
                        seed, shuffle, num_epochs, process_index,
                        process_count, evaluation) -> grain.MapDataset:
-  tokens = stream_tokens(source, spec, tokenizer)
   n = batching.num_lm_windows(len(tokens), seq_len)
   if n == 0:
     raise UsageError(f'{spec.name} has {len(tokens)} tokens: too few for one '
@@ -189,6 +204,14 @@ def _example_fn(spec: DatasetSpec, cfg: DataConfig, tokenizer: Tokenizer):
       tokenizer.encode(as_text(ex[tgt_key])))
 
 
+def _stored_example_fn(spec: DatasetSpec, cfg: DataConfig):
+  """Token store example ({feature: ids}) -> token example."""
+  if spec.task == 'lm':
+    return lambda ex: batching.lm_example(ex[spec.text_key])
+  src_key, tgt_key = translation_keys(spec, cfg.direction)
+  return lambda ex: batching.translation_example(ex[src_key], ex[tgt_key])
+
+
 def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
                  batch_size: int, seq_len: int, seed: int = 0,
                  shuffle: bool = True, num_epochs: int | None = None,
@@ -214,7 +237,8 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     cache_limit: splits with at most this many examples are read and
       tokenized once, into memory (ding_en_de, WMT validation sets); larger
       ones are read lazily by the threads.
-    source: a data source to read instead of the prepared TFDS split (tests).
+    source: a data source of text to read instead of the prepared TFDS
+      split and its token store (tests).
 
   Returns:
     An IterDataset of dicts of int32 numpy arrays [B // processes, T] (and
@@ -226,8 +250,12 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     process_index, process_count = jax.process_index(), jax.process_count()
   local_batch = _local_batch_size(batch_size, process_count)
   evaluation = not shuffle and num_epochs == 1
-  if source is None:
-    source = load_source(spec.name, split, cfg.data_dir)
+  store = None
+  if source is None:  # token ids, written once per tokenizer
+    store = token_store.open_or_build(
+        cfg.data_dir or default_data_dir(), spec.name, split, tokenizer,
+        spec.text_features,
+        lambda: load_source(spec.name, split, cfg.data_dir))
   # In memory (streams, cached splits) a batch is a few numpy copies: no
   # threads. Otherwise threads read chunks of 64 examples ahead.
   in_memory = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
@@ -235,8 +263,10 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
       num_threads=num_threads, prefetch_buffer_size=max(16, 4 * num_threads))
 
   if spec.task == 'lm' and spec.lm_mode == 'stream':
+    tokens = (stream_tokens(source, spec, tokenizer) if store is None
+              else stored_stream(store, spec, tokenizer))
     ds = _lm_stream_dataset(
-        source, spec, tokenizer, seq_len=seq_len, local_batch=local_batch,
+        tokens, spec, seq_len=seq_len, local_batch=local_batch,
         seed=seed, shuffle=shuffle, num_epochs=num_epochs,
         process_index=process_index, process_count=process_count,
         evaluation=evaluation)
@@ -244,9 +274,11 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
 
   layout = (batching.lm_layout(seq_len) if spec.task == 'lm' else
             batching.translation_layout(cfg.src_len or seq_len, seq_len))
-  n_global = len(source)
-  ds = grain.MapDataset.source(source)[process_index::process_count]
-  ds = ds.map(_example_fn(spec, cfg, tokenizer))
+  n_global = len(source if store is None else store)
+  ds = grain.MapDataset.source(source if store is None else store)
+  ds = ds[process_index::process_count].map(
+      _example_fn(spec, cfg, tokenizer) if store is None
+      else _stored_example_fn(spec, cfg))
   if n_global <= cache_limit:
     # Decoding one TFDS record costs ~0.2 ms of Python, far more than
     # tokenizing it: read a small split once, keep its token ids in memory,

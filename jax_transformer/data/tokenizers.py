@@ -40,8 +40,9 @@ import io
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
 import sentencepiece as spm
 from etils import epath
 from tokenizers import Tokenizer as _Backend
@@ -55,6 +56,15 @@ _SPM_FILE = 'spm.model'
 _HF_FILE = 'hf_tokenizer.json'
 _HF_CONFIG_FILE = 'tokenizer_config.json'
 _SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
+
+
+def as_text(value: Any) -> str:
+  """TFDS Text comes back as bytes from files (str from mock_data)."""
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  if isinstance(value, np.ndarray):
+    return as_text(value.item())
+  return str(value)
 
 
 class Tokenizer(Protocol):
