@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jax_transformer.data import builders
-from jax_transformer.data import token_store
+from jax_transformer.data import builders, token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError
