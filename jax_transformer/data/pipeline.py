@@ -40,6 +40,7 @@ from typing import Any
 import grain
 import jax
 import numpy as np
+from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.data import batching, token_store
@@ -312,18 +313,72 @@ def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
                   process_count: int | None = None,
                   num_threads: int = 4,
                   cache_limit: int = 200_000,
-                  source=None) -> grain.DatasetIterator:
-  """``iter(make_dataset(...))``: a resumable iterator of local batches.
+                  worker_count: int = 0, worker_buffer_size: int = 2,
+                  source=None) -> Batches:
+  """A resumable iterator of local batches (see :class:`Batches`).
 
-  ``it.get_state()`` returns a small dict to store with the checkpoint;
-  ``it.set_state(state)`` on a fresh iterator built with the same arguments
-  continues with exactly the batch that would have come next.
+  worker_count > 0 builds batches in that many worker processes (Grain's
+  multiprocessing), each reading, packing and batching its own share of
+  this host's examples, worker_buffer_size batches ahead; the batches then
+  come from the workers in turn. 0 builds them in this process (threads).
   """
-  return iter(make_dataset(
+  ds = make_dataset(
       data_cfg, split, tokenizer, batch_size=batch_size, seq_len=seq_len,
       seed=seed, shuffle=shuffle, num_epochs=num_epochs,
       process_index=process_index, process_count=process_count,
-      num_threads=num_threads, cache_limit=cache_limit, source=source))
+      num_threads=num_threads, cache_limit=cache_limit, source=source)
+  if worker_count:
+    if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags
+      flags.FLAGS.mark_as_parsed()
+    # Batches come back pickled, not in shared memory: on a CPU, JAX may
+    # keep using a batch's buffer after the iterator is gone, and shared
+    # memory outliving its iterator is reported as leaked at exit.
+    ds = grain.experimental.WithOptionsIterDataset(
+        ds, grain.experimental.DatasetOptions(min_shm_size=2 ** 62))
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(
+        num_workers=worker_count, per_worker_buffer_size=worker_buffer_size))
+  return Batches(iter(ds), worker_count)
+
+
+class Batches:
+  """Local batches, and the position in their stream.
+
+  ``get_state()`` returns a small dict to store with the checkpoint;
+  ``set_state(state)`` on a fresh iterator built with the same arguments
+  continues with exactly the batch that would have come next. The worker
+  count is part of the stream (each worker packs its own share of the
+  examples), so a state saved with another count is refused in one
+  sentence rather than continued as a different stream.
+  """
+
+  def __init__(self, iterator: grain.DatasetIterator, worker_count: int):
+    self._it, self.worker_count = iterator, worker_count
+
+  def __iter__(self) -> Batches:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._it)
+
+  def get_state(self) -> dict[str, Any]:
+    state = self._it.get_state()
+    return {'worker_count': self.worker_count, 'grain': state}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    if 'grain' not in state:  # saved before worker counts were recorded
+      state = {'worker_count': 0, 'grain': state}
+    saved = state['worker_count']
+    if saved != self.worker_count:
+      raise UsageError(
+          f'The checkpoint\'s input stream was made by {saved} data workers '
+          f'and this run has {self.worker_count}; another count makes '
+          'another stream, so set config.data.worker_count='
+          f'{saved} to resume it exactly.')
+    self._it.set_state(state['grain'])
+
+  def close(self) -> None:
+    """Stops the worker processes and reader threads now."""
+    self._it.close()
 
 
 def initial_state(data_cfg: Any, split: str, *, batch_size: int,

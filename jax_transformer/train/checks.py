@@ -58,6 +58,11 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
                               or not timeout >= 0):
     raise UsageError('config.step_timeout_s must be a number of seconds >= 0 '
                      f'(0: never; unset: automatic), got {timeout!r}.')
+  for name, least in (('worker_count', 0), ('worker_buffer_size', 1)):
+    value = cfg.data.get(name, least)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      raise UsageError(f'config.data.{name} must be an integer >= {least}, '
+                       f'got {value!r}.')
   profile = cfg.get('profile') or {}
   for name in ('start_step', 'num_steps'):
     value = profile.get(name, 0)
@@ -93,7 +98,8 @@ def check_experiment(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
 RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
                         'attention_dropout_rate', 'dropout_rng', 'scan_layers',
                         'remat')
-RUNTIME_DATA_FIELDS = ('data_dir',)
+# worker_count is judged by the saved stream itself (pipeline.Batches).
+RUNTIME_DATA_FIELDS = ('data_dir', 'worker_count', 'worker_buffer_size')
 
 
 def check_resumable(cfg: ml_collections.ConfigDict,

@@ -69,7 +69,11 @@ def base_config() -> ConfigDict:
       pack=False, src_len=optional(int), tokenizer=optional(str),
       vocab_size=optional(int), spm_model_type='unigram',
       train_split='train', eval_split='validation',
-      builder_kwargs=optional(dict)))
+      builder_kwargs=optional(dict),
+      # Processes building training batches (0: this process, with
+      # threads), and batches each keeps ready. The count is part of the
+      # stream: resume with the count a checkpoint was saved with.
+      worker_count=0, worker_buffer_size=2))
   c.seq_len = 128
   c.batch_size = 32
   c.eval_batch_size = 32

@@ -298,7 +298,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
                                   cfg.data.get('train_split', 'train'),
                                   tokenizer,
                                   batch_size=cfg.batch_size,
-                                  seq_len=cfg.seq_len, seed=cfg.seed)
+                                  seq_len=cfg.seq_len, seed=cfg.seed,
+                                  worker_count=cfg.data.get('worker_count', 0),
+                                  worker_buffer_size=cfg.data.get(
+                                      'worker_buffer_size', 2))
   if checkpointer.latest_step() is not None:
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -458,6 +461,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   finally:
     progress.close()
     profiler.stop()
+    train_iter.close()  # its worker processes end with the loop
     try:
       watch.report()  # the last save's wait is watched too
       with clock.charged('checkpoint'):

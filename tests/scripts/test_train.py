@@ -119,15 +119,20 @@ def test_scan_remat_and_chunked_loss_train_like_the_plain_step(tmp_path,
                                metrics(plain)[step]['loss'], rtol=1e-5)
 
 
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize('sig,workers', [(signal.SIGTERM, 0),
+                                         (signal.SIGINT, 0),
+                                         (signal.SIGTERM, 2)])
 def test_stop_signal_saves_exits_75_within_30_s_and_resumes(tmp_path,
-                                                           data_dir, sig):
+                                                           data_dir, sig,
+                                                           workers):
   """SIGTERM (preemption) and SIGINT (Ctrl-C): a checkpoint, exit status
-  75 (not finished) within 30 s of the signal, and a run that resumes."""
+  75 (not finished) within 30 s of the signal, and a run that resumes
+  (with batches from worker processes too)."""
   work = tmp_path / 'w'
+  workers_flag = f'--config.data.worker_count={workers}'
   proc = train(work, data_dir, '--config.num_steps=100000',
                '--config.log_every=1', '--config.checkpoint_every=100000',
-               '--config.eval_every=100000', wait=False)
+               '--config.eval_every=100000', workers_flag, wait=False)
   deadline = time.time() + 300
   while time.time() < deadline:
     if (work / 'metrics.jsonl').exists() and len(metrics(work)) >= 2:
@@ -143,7 +148,7 @@ def test_stop_signal_saves_exits_75_within_30_s_and_resumes(tmp_path,
   saved = int(out.split(f'{name}: saved step ')[1].split(';')[0])
   assert (work / 'checkpoints' / str(saved)).exists()
   out = train(work, data_dir, f'--config.num_steps={saved + 2}',
-              '--config.eval_every=100000')
+              '--config.eval_every=100000', workers_flag)
   assert f'Resumed from step {saved}' in out
   assert saved + 2 in metrics(work)
 

@@ -95,10 +95,12 @@ def test_killed_damaged_and_resumed_training_equals_an_uninterrupted_run(
   # Every phase of the last step with both signals (stops the trainer
   # reaches itself, so the same on any machine), then two random kills
   # (seed 6: SIGKILL mid-save, SIGKILL after 4 steps), and a damaged
-  # checkpoint before each restart.
+  # checkpoint before each restart. Batches come from two worker
+  # processes, whose stream must resume exactly too.
   status = soak.main(['--workdir', str(tmp_path / 'soak'), '--cycles', '2',
                       '--seed', '6', '--num_steps', '8', '--last_step',
-                      '--damage', '--data_dir', data_dir])
+                      '--damage', '--data_dir', data_dir, '--',
+                      '--config.data.worker_count=2'])
   captured = capsys.readouterr()
   out = captured.out
   assert status == 0, out + captured.err  # the verdict is on stderr

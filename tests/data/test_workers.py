@@ -1,0 +1,50 @@
+"""Batches built in worker processes: the stream resumes exactly from a
+saved position, and a position saved with another worker count is refused
+in one sentence."""
+
+import numpy as np
+import pytest
+
+from jax_transformer import data
+from jax_transformer.errors import UsageError
+
+CFG = {'name': 'ding_en_de', 'direction': 'en-de', 'pack': True}
+
+
+def iterator(fake_data_dir, workers):
+  prepared = data.prepare('ding_en_de', fake_data_dir)
+  return data.make_iterator({**CFG, 'data_dir': fake_data_dir}, 'train',
+                            prepared.tokenizer, batch_size=4, seq_len=32,
+                            seed=2, cache_limit=0, worker_count=workers)
+
+
+def test_workers_resume_their_stream_exactly(fake_data_dir):
+  it = iterator(fake_data_dir, 2)
+  try:
+    for _ in range(3):
+      next(it)
+    state = it.get_state()
+    want = [next(it) for _ in range(3)]
+  finally:
+    it.close()
+  again = iterator(fake_data_dir, 2)
+  try:
+    again.set_state(state)
+    got = [next(again) for _ in range(3)]
+  finally:
+    again.close()
+  for g, w in zip(got, want):
+    for key in w:
+      np.testing.assert_array_equal(g[key], w[key])
+
+
+def test_another_worker_count_is_refused_in_one_sentence(fake_data_dir):
+  it = iterator(fake_data_dir, 0)
+  saved = it.get_state()
+  assert saved['worker_count'] == 0
+  saved['worker_count'] = 2
+  with pytest.raises(UsageError, match=r'made by 2 data workers and this run '
+                     r'has 0; .* set config.data.worker_count=2 to resume'):
+    it.set_state(saved)
+  # A position saved before worker counts were recorded: in-process.
+  it.set_state(saved['grain'])
