@@ -59,12 +59,17 @@ class TokenStore:
   {feature: int32 ids}; ``store.ids(feature)`` the whole feature [N_tok]."""
 
   def __init__(self, directory: str, features: Sequence[str]):
-    self.directory = directory
+    self.directory, self.features = directory, tuple(features)
     self._tokens = {f: np.load(self._path(f, 'tokens'), mmap_mode='r')
                     for f in features}
     self._offsets = {f: np.load(self._path(f, 'offsets'))
                      for f in features}
     self._count = len(next(iter(self._offsets.values()))) - 1
+
+  def __reduce__(self):
+    # To a worker process by name: it maps the files itself, instead of
+    # receiving a pickled copy of every token.
+    return TokenStore, (self.directory, self.features)
 
   def _path(self, feature: str, kind: str) -> str:
     return os.path.join(self.directory, f'{feature}.{kind}.npy')
@@ -117,16 +122,7 @@ def _build(directory: str, source, tokenizer: Tokenizer,
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix='.tmp_store_')
   try:
-    sizes = {}
-    for feature, (tokens, offsets) in _tokenize(source, tokenizer,
-                                                features).items():
-      for kind, array in (('tokens', tokens), ('offsets', offsets)):
-        name = f'{feature}.{kind}.npy'
-        np.save(os.path.join(tmp, name), array)
-        sizes[name] = os.path.getsize(os.path.join(tmp, name))
-    with open(os.path.join(tmp, MANIFEST), 'w') as f:
-      json.dump({'format': FORMAT, 'examples': len(source),
-                 'features': list(features), 'sizes': sizes}, f)
+    _write_files(tmp, _tokenize(source, tokenizer, features), len(source))
     os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from other users
     if os.path.exists(directory):  # torn: replaced whole
       shutil.rmtree(directory)
@@ -137,6 +133,31 @@ def _build(directory: str, source, tokenizer: Tokenizer,
         raise
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(directory: str,
+          arrays: dict[str, tuple[np.ndarray, np.ndarray]]) -> TokenStore:
+  """A store of given (ids, offsets) per feature at directory (benchmarks
+  write synthetic splits with it)."""
+  os.makedirs(directory, exist_ok=True)
+  count = len(next(iter(arrays.values()))[1]) - 1
+  _write_files(directory, arrays, count)
+  return TokenStore(directory, list(arrays))
+
+
+def _write_files(directory: str,
+                 arrays: dict[str, tuple[np.ndarray, np.ndarray]],
+                 count: int) -> None:
+  """The arrays' files, then the manifest that vouches for them."""
+  sizes = {}
+  for feature, (tokens, offsets) in arrays.items():
+    for kind, array in (('tokens', tokens), ('offsets', offsets)):
+      name = f'{feature}.{kind}.npy'
+      np.save(os.path.join(directory, name), array)
+      sizes[name] = os.path.getsize(os.path.join(directory, name))
+  with open(os.path.join(directory, MANIFEST), 'w') as f:
+    json.dump({'format': FORMAT, 'examples': count,
+               'features': list(arrays), 'sizes': sizes}, f)
 
 
 def _read(source, indices: range) -> list:

@@ -479,18 +479,19 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
       with clock.charged('eval'):
         log('\nSample:\n' + sample(setup, state['params'], tokenizer, cfg))
   if step > start_step or evaluated:  # a start with nothing to do: no row
-    _end_row(writer, workdir, step, last, clock.summary())
+    _end_row(writer, workdir, step, clock.summary())
   return last
 
 
 def _end_row(writer: MetricWriter, workdir: WorkdirPaths, step: int,
-             last: dict, summary: dict[str, float]) -> None:
-  """The start's last metrics row: its last step's row again (a re-logged
-  step replaces it, see metrics.read_history), with where the time went;
-  and the summary line."""
-  row = {k: v for k, v in (last or _logged_row(workdir, step)).items()
-         if isinstance(v, (int, float))}
-  writer.write(step, {**row, **summary})
+             summary: dict[str, float]) -> None:
+  """The start's last metrics row: the last row logged so far again (a
+  re-logged step replaces it, see metrics.read_history), with where the
+  time went; and the summary line."""
+  history = (metrics_lib.read_history(workdir)
+             if writer.enabled and workdir.metrics.exists() else [])
+  row = dict(history[-1]) if history else {'step': step}
+  writer.write(row.pop('step'), {**row, **summary})
   log(goodput.describe(summary))
 
 
