@@ -20,8 +20,10 @@ Suites (see ``jax_transformer/bench/``):
   time, and validation loss at equal steps and at equal wall time;
 * ``gpu``: bf16 throughput, MFU and peak memory of a 124M and a 350M
   decoder LM and the base encoder-decoder, each item time-boxed;
-* ``pipeline``: the input pipeline's sustained rate on a WMT-sized split
-  against what the base model consumes on one accelerator;
+* ``pipeline``: the input pipeline's sustained supply (token stores of
+  WMT14 and lm1b shape, in process and with worker processes) against what
+  the base model and gpt2_small consume on one H200 and one TPU v5p chip
+  at 40% MFU: a row per model and chip;
 * ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
   shipped config (``--stop_configs``), mid-training.
 
@@ -110,8 +112,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'nanogpt_wall_s', 'wall_ratio', 'ours_val_loss',
               'nanogpt_val_loss', 'ours_val_loss_at_nanogpt_end',
               'step_s', 'tokens_per_s', 'mfu', 'mfu_vs_matmul',
-              'peak_memory_gb', 'target_tokens_per_s',
-              'demand_target_tokens_per_s', 'supply_over_demand',
+              'peak_memory_gb', 'device', 'supply_tokens_per_s',
+              'demand_tokens_per_s', 'worker_count', 'cores_needed',
               'config', 'signal_to_exit_s', 'exit_status', 'saved_step',
               'compiled_to_signal_s',
               'error')

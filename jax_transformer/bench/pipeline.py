@@ -50,14 +50,15 @@ def shapes() -> dict[str, dict]:
   }
 
 
-def write_store(data_dir: str, shape: dict, tokenizer) -> None:
-  """A synthetic train split of EXAMPLES examples, as prepare writes one."""
+def write_store(data_dir: str, shape: dict, tokenizer,
+                examples: int = EXAMPLES) -> None:
+  """A synthetic train split of that many examples, as prepare writes one."""
   rng = np.random.default_rng(0)
   arrays = {}
   for feature in shape['features']:
     low, high = shape['lengths']
-    lengths = rng.integers(low, high + 1, EXAMPLES)
-    offsets = np.zeros(EXAMPLES + 1, np.int64)
+    lengths = rng.integers(low, high + 1, examples)
+    offsets = np.zeros(examples + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     ids = rng.integers(4, tokenizer.vocab_size, int(offsets[-1]),
                        dtype=np.int32)
@@ -92,13 +93,14 @@ def demand(shape: dict, peak: float) -> float:
   return MFU * peak / flops * shape['batch'] * shape['seq']
 
 
-def run(seconds: float = 10.0, worker_counts=(0, 2)) -> list[dict]:
+def run(seconds: float = 10.0, worker_counts=(0, 1, 2),
+        examples: int = EXAMPLES) -> list[dict]:
   tokenizer = data.ByteTokenizer()
   cores = os.cpu_count()
   rows = []
   with tempfile.TemporaryDirectory() as data_dir:
     for model, shape in shapes().items():
-      write_store(data_dir, shape, tokenizer)
+      write_store(data_dir, shape, tokenizer, examples)
       measured = {w: supply(data_dir, shape, tokenizer, w, seconds)
                   for w in worker_counts}
       workers = max(measured, key=measured.get)

@@ -79,20 +79,34 @@ def _ids(x: Sequence[int]) -> np.ndarray:
   return np.asarray(x, dtype=np.int32).reshape(-1)
 
 
+def _framed(first: int | None, ids: np.ndarray, last: int | None
+            ) -> np.ndarray:
+  """[first] + ids + [last] (each end optional) as int32, in one copy: the
+  input pipeline builds millions of these."""
+  head, tail = first is not None, last is not None
+  out = np.empty(len(ids) + head + tail, np.int32)
+  out[head:head + len(ids)] = ids
+  if head:
+    out[0] = first
+  if tail:
+    out[-1] = last
+  return out
+
+
 def lm_example(ids: Sequence[int]) -> dict[str, np.ndarray]:
   """One sequence for next-token prediction: [BOS]+ids -> ids+[EOS] (L+1)."""
   ids = _ids(ids)
-  return {'inputs': np.concatenate([[BOS_ID], ids]).astype(np.int32),
-          'targets': np.concatenate([ids, [EOS_ID]]).astype(np.int32)}
+  return {'inputs': _framed(BOS_ID, ids, None),
+          'targets': _framed(None, ids, EOS_ID)}
 
 
 def translation_example(src_ids: Sequence[int],
                         tgt_ids: Sequence[int]) -> dict[str, np.ndarray]:
   """src+[EOS]; tgt_in = [BOS]+tgt and tgt_out = tgt+[EOS] (teacher forcing)."""
   src, tgt = _ids(src_ids), _ids(tgt_ids)
-  return {'src': _ids(translation_source(src)),
-          'tgt_in': np.concatenate([[BOS_ID], tgt]).astype(np.int32),
-          'tgt_out': np.concatenate([tgt, [EOS_ID]]).astype(np.int32)}
+  return {'src': _framed(None, src, EOS_ID),  # translation_source(src)
+          'tgt_in': _framed(BOS_ID, tgt, None),
+          'tgt_out': _framed(None, tgt, EOS_ID)}
 
 
 def lm_prompt(ids: Sequence[int], stream: bool) -> list[int]:
@@ -345,10 +359,14 @@ class PackAndBatchIterDataset(grain.IterDataset):
             f'pack={self._pack})')
 
 
+# Examples per element of the Grain pipelines below (see above).
+CHUNK_SIZE = 64
+
+
 def pack_and_batch(examples: grain.MapDataset, layout: Layout,
                    batch_size: int, *, pack: bool,
                    read_options: grain.ReadOptions | None = None,
-                   chunk_size: int = 64,
+                   chunk_size: int = CHUNK_SIZE,
                    drop_remainder: bool = False) -> PackAndBatchIterDataset:
   """MapDataset of examples (None = skip) -> IterDataset of batches [B, L]."""
   chunks = examples.batch(chunk_size, batch_fn=list)

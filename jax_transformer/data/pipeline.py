@@ -276,6 +276,11 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
   layout = (batching.lm_layout(seq_len) if spec.task == 'lm' else
             batching.translation_layout(cfg.src_len or seq_len, seq_len))
   n_global = len(source if store is None else store)
+  if store is not None and not evaluation:
+    return _stored_training_batches(
+        store, spec, cfg, layout, local_batch, seed=seed, shuffle=shuffle,
+        num_epochs=num_epochs, process_index=process_index,
+        process_count=process_count)
   ds = grain.MapDataset.source(source if store is None else store)
   ds = ds[process_index::process_count].map(
       _example_fn(spec, cfg, tokenizer) if store is None
@@ -294,16 +299,65 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
                   batching.empty_example(layout))
   else:
     ds = _order(ds, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
-    if spec.task == 'lm':
-      # A cut sentence is still good LM training text.
-      ds = ds.map(lambda ex: batching.truncate(ex, layout))
-    else:
-      # A cut target would teach the decoder never to emit EOS; None drops
-      # the pair (a MapDataset cannot be chunked after .filter).
-      ds = ds.map(lambda ex: ex if batching.fits(ex, layout) else None)
+    ds = ds.map(_training_fit(spec, layout))
   return batching.pack_and_batch(ds, layout, local_batch,
                                  pack=cfg.pack and not evaluation,
                                  read_options=read_options)
+
+
+def _training_fit(spec: DatasetSpec, layout):
+  """example -> what training keeps of it: an LM sentence cut to the row
+  (still good text), a translation pair whole or None (a cut target would
+  teach the decoder never to emit EOS; a MapDataset cannot be chunked after
+  .filter, so None marks a dropped pair)."""
+  if spec.task == 'lm':
+    return lambda ex: batching.truncate(ex, layout)
+  return lambda ex: ex if batching.fits(ex, layout) else None
+
+
+def _stored_training_batches(store, spec, cfg, layout, local_batch, *, seed,
+                             shuffle, num_epochs, process_index,
+                             process_count):
+  """Training batches from a token store, the same as the per-example path
+  gives: Grain orders example numbers (cheap), and each chunk of them is
+  read and built in one call, so Grain's per-element cost is paid per
+  chunk rather than per example. No reader threads: reading ids from a
+  memory map never waits, and threads would only contend for the GIL
+  (2.5x slower measured); worker processes scale instead."""
+  order = grain.MapDataset.range(len(store))[process_index::process_count]
+  order = _order(order, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+  build = _stored_example_fn(spec, cfg)
+  fit = _training_fit(spec, layout)
+  chunks = _Chunks(order, batching.CHUNK_SIZE).map(
+      lambda numbers: [fit(build(store[i])) for i in numbers])
+  return batching.PackAndBatchIterDataset(
+      chunks.to_iter_dataset(grain.ReadOptions(num_threads=0,
+                                               prefetch_buffer_size=0)),
+      layout, local_batch, pack=cfg.pack)
+
+
+class _Chunks(grain.MapDataset):
+  """``parent.batch(size, batch_fn=list)``, each chunk read in one call of
+  Grain's batched lookup where the parent has one: a shuffled, repeated
+  order then costs one Python call per chunk instead of three per element
+  (a third of the pipeline's time, measured)."""
+
+  def __init__(self, parent: grain.MapDataset, size: int):
+    super().__init__(parent)
+    self._size = size
+
+  def __len__(self) -> int:
+    return -(-len(self._parent) // self._size)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    start = index * self._size
+    numbers = range(start, min(start + self._size, len(self._parent)))
+    lookup = getattr(self._parent, '_getitems', None)
+    if lookup is None:  # pragma: no cover - Grain without batched lookup
+      return [self._parent[i] for i in numbers]
+    return list(lookup(list(numbers)))
 
 
 def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,

@@ -60,7 +60,10 @@ class TokenStore:
 
   def __init__(self, directory: str, features: Sequence[str]):
     self.directory, self.features = directory, tuple(features)
-    self._tokens = {f: np.load(self._path(f, 'tokens'), mmap_mode='r')
+    # Plain arrays over the mapped files: slicing a np.memmap costs a
+    # subclass's bookkeeping per slice, an ndarray view does not.
+    self._tokens = {f: np.asarray(np.load(self._path(f, 'tokens'),
+                                          mmap_mode='r'))
                     for f in features}
     self._offsets = {f: np.load(self._path(f, 'offsets'))
                      for f in features}
@@ -80,8 +83,8 @@ class TokenStore:
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     out = {}
     for feature, tokens in self._tokens.items():
-      start, end = self._offsets[feature][i:i + 2]
-      out[feature] = np.asarray(tokens[start:end])
+      offsets = self._offsets[feature]
+      out[feature] = tokens[offsets[i]:offsets[i + 1]]
     return out
 
   def ids(self, feature: str) -> np.ndarray:

@@ -41,6 +41,23 @@ def test_stored_ids_give_the_batches_text_gives(name, fake_data_dir):
               batches(cfg, prepared.tokenizer, source=text))
 
 
+def test_stored_batches_equal_text_batches_across_epochs(fake_data_dir):
+  """The lazily read text path (cache_limit=0) against the store's
+  chunked path, over enough batches to reshuffle a few epochs."""
+  prepared = data.prepare('ding_en_de', fake_data_dir)
+  cfg = {**CASES['ding_en_de'], 'data_dir': fake_data_dir}
+
+  def many(source):
+    it = data.make_iterator(cfg, 'train', prepared.tokenizer, batch_size=4,
+                            seq_len=32, seed=3, cache_limit=0,
+                            source=source)
+    return [next(it) for _ in range(60)]
+
+  text = data.load_source('ding_en_de', 'train', fake_data_dir)
+  assert len(text) * 2 < 60 * 4 * 2  # more than two epochs of pairs
+  assert_same(many(None), many(text))
+
+
 def test_training_reads_ids_never_text(fake_data_dir, monkeypatch):
   prepared = data.prepare('ding_en_de', fake_data_dir)
   tokenizer = prepared.tokenizer
