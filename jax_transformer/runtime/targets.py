@@ -73,6 +73,7 @@ TARGETS = {t.name: t for t in (
     Target('v5e-256', 'v5e', 'v5e:16x16'),
     Target('v5p-8', 'v5p', 'v5:2x2x1', megacore=True),
     Target('v5p-128', 'v5p', 'v5:4x4x4', megacore=True),
+    Target('v5p-1024', 'v5p', 'v5:8x8x8', megacore=True),
     Target('v6e-8', 'v6e', 'v6e:2x4'),
     Target('v6e-256', 'v6e', 'v6e:16x16'),
     Target('h100-8', 'h100', '1x1x8'),

@@ -48,6 +48,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from jax_transformer.errors import UsageError
@@ -130,17 +131,20 @@ class Footprint:
   optimizer_state: int
   gradients: int
   activations: int
+  gathered: int = 0  # FSDP: parameters gathered whole for their use
 
   @property
   def total(self) -> int:
     return (self.parameters + self.optimizer_state + self.gradients
-            + self.activations)
+            + self.activations + self.gathered)
 
   def parts(self) -> str:
+    gathered = (f', gathered parameters {readable(self.gathered)}'
+                if self.gathered else '')
     return (f'parameters {readable(self.parameters)}, optimizer state '
             f'{readable(self.optimizer_state)}, gradients '
             f'{readable(self.gradients)}, activations (estimated) '
-            f'{readable(self.activations)}')
+            f'{readable(self.activations)}{gathered}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +312,24 @@ def estimate(cfg: ml_collections.ConfigDict, model_config: ModelConfig,
                           cfg.seq_len, src_len, mesh.shape['tensor'],
                           -(-chunk // shards))
   # Gradients have the parameters' shapes, dtypes and shardings.
-  return Footprint(params, rest, params, acts)
+  return Footprint(params, rest, params, acts,
+                   gathered_bytes(model_config, mesh))
+
+
+def gathered_bytes(mc: ModelConfig, mesh: jax.sharding.Mesh) -> int:
+  """Bytes of parameters FSDP gathers whole at once, per device: one
+  layer's weights (the layer running) and the token embedding twice (the
+  lookup or tied head, and its gradient before it is scattered back).
+  Fitted to the TPU compiler's figures (docs/scaling.md): 0.88-1.2x."""
+  if mesh.shape['fsdp'] == 1:
+    return 0
+  p = jnp.dtype(mc.param_dtype).itemsize
+  q_width = mc.num_heads * mc.head_dim
+  kv_width = 2 * mc.kv_heads * mc.head_dim
+  mlp = (3 if mc.activation == 'swiglu' else 2) * mc.d_model * mc.d_ff
+  layer = mc.d_model * (2 * q_width + kv_width) + mlp
+  embedding = mc.vocab_size * mc.d_model
+  return int(p * (layer + 2 * embedding) / mesh.shape['tensor'])
 
 
 def preflight(footprint: Footprint, budget: Budget) -> str:

@@ -18,14 +18,18 @@ class MetricWriter:
 
   A local metrics.jsonl is appended to; one in object storage, which has no
   append, is put again whole at every write (it stays small: a row per
-  log_every steps).
+  log_every steps). Nothing is created before the first row, so a run
+  refused before its first step leaves the workdir as it was.
   """
 
   def __init__(self, workdir: str | WorkdirPaths, enabled: bool = True):
     self.enabled = enabled
-    if not enabled:
-      return
-    paths = resolve(workdir)
+    self._workdir = workdir
+    self._opened = False
+
+  def _open(self) -> None:
+    self._opened = True
+    paths = resolve(self._workdir)
     root = paths.root
     root.mkdir(parents=True, exist_ok=True)
     self._path = paths.metrics
@@ -41,6 +45,8 @@ class MetricWriter:
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
+    if not self._opened:
+      self._open()
     row = {'step': int(step), **{k: float(v) for k, v in scalars.items()}}
     line = json.dumps(row) + '\n'
     if self._jsonl is not None:
@@ -56,7 +62,7 @@ class MetricWriter:
       self._tb.flush()
 
   def close(self) -> None:
-    if self.enabled:
+    if self.enabled and self._opened:
       if self._jsonl is not None:
         self._jsonl.close()
       if self._tb is not None:

@@ -97,9 +97,11 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
       out_shardings=NamedSharding(mesh, PartitionSpec()))
   evaluation = _compile(eval_step, (state['params'], batch), mesh, platform)
   decode = compile_decode(cfg, setup, mesh, shardings['params'], platform)
+  with attention.compiling_for(platform):  # 'auto' as the target picks
+    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
+                               shardings, mesh)
   facts = {'setup': setup, 'mesh': mesh, 'decode': decode,
-           'estimate': memory.estimate(cfg, setup.model_config,
-                                       abstract_state, shardings, mesh)}
+           'estimate': estimate}
   return train, evaluation, facts
 
 

@@ -296,3 +296,27 @@ def test_refusals_leave_the_saved_checkpoint_alone(tmp_path, monkeypatch,
   checkpointer = checkpoint.Checkpointer(str(work))
   assert checkpointer.latest_step() == 3
   checkpointer.close()
+
+
+def test_fsdp_counts_one_layer_and_the_embedding_gathered():
+  cfg = lm_cfg()
+  mc = checks.model_config(cfg, VOCAB)
+  devices = jax.devices()[:4]
+  plain = sharding.make_mesh({'data': 4}, devices)
+  fsdp = sharding.make_mesh({'data': 1, 'fsdp': 4}, devices)
+  split = sharding.make_mesh({'data': 1, 'fsdp': 2, 'tensor': 2}, devices)
+  assert memory.gathered_bytes(mc, plain) == 0
+  d, f, v = mc.d_model, mc.d_ff, mc.vocab_size
+  kv = 2 * mc.kv_heads * mc.head_dim  # grouped keys and values
+  layer = d * (2 * d + kv) + 2 * d * f  # q, out, k, v; two MLP matrices
+  assert memory.gathered_bytes(mc, fsdp) == 4 * (layer + 2 * v * d)
+  assert memory.gathered_bytes(mc, split) == 4 * (layer + 2 * v * d) // 2
+
+
+def test_the_estimate_counts_no_probabilities_where_a_kernel_runs():
+  from jax_transformer.model import attention
+  mc = checks.model_config(lm_cfg(), VOCAB)
+  with attention.compiling_for('tpu'):  # the splash kernel
+    fused = memory.activation_bytes(mc, batch=8, tgt_len=64)
+  probabilities = 4 * mc.num_heads * 64 * 64 * 8 * mc.num_decoder_layers
+  assert memory.activation_bytes(mc, 8, 64) - fused == probabilities
