@@ -29,6 +29,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from jax_transformer.model import sharding
@@ -64,7 +65,6 @@ def _block(length: int) -> int:
 def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
             interpret: bool):
   """The splash kernel for [num_heads, length, H] queries (one row)."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash
   shape = (length, length)
   head = splash.CausalMask(shape) if causal else splash.FullMask(shape)
   b = _block(length)
@@ -95,7 +95,6 @@ def _attend_local(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
                   *, causal: bool, interpret: bool) -> Array:
   """The kernel over one shard: q [B, T, N, H], k and v [B, S, K, H],
   ids [B, T] -> [B, T, N, H]."""
-  from jax.experimental.pallas.ops.tpu import splash_attention as splash
   _, length, heads, width = q.shape
   groups = heads // k.shape[2]
   q = (q * (1.0 / math.sqrt(width))).astype(q.dtype)
