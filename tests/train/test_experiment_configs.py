@@ -23,7 +23,8 @@ CONFIGS = [('lm_shakespeare', None), ('lm_shakespeare', 'tiny'),
            ('translate_ende', 'cpu30'),
            ('wmt_base', None), ('wmt_base', 'big'),
            ('gpt2_small', None), ('gpt2_small', 'shakespeare'),
-           ('lm_350m', None), ('lm_1_3b', None), ('lm_7b', None)]
+           ('lm_350m', None), ('lm_1_3b', None), ('lm_7b', None),
+           ('lm_70b', None)]
 
 
 @pytest.mark.parametrize('name, preset', CONFIGS)
