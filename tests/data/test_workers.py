@@ -18,6 +18,7 @@ def iterator(fake_data_dir, workers):
                             seed=2, cache_limit=0, worker_count=workers)
 
 
+@pytest.mark.slow
 def test_workers_resume_their_stream_exactly(fake_data_dir):
   it = iterator(fake_data_dir, 2)
   try:

@@ -62,8 +62,14 @@ def loss_and_grads(attend, q, k, v, mask):
   return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
 
-@pytest.mark.parametrize('name', MASKS)
-@pytest.mark.parametrize('heads,kv_heads', [(4, 4), (4, 2)])
+# Every mask with grouped-query heads; plain multi-head once (the rest of
+# its cases in the full suite only).
+CASES = ([(name, 4, 2) for name in MASKS] + [('causal', 4, 4)]
+         + [pytest.param(name, 4, 4, marks=pytest.mark.slow)
+            for name in MASKS if name != 'causal'])
+
+
+@pytest.mark.parametrize('name,heads,kv_heads', CASES)
 def test_the_kernel_equals_xla_outputs_and_gradients(name, heads, kv_heads):
   mask = MASKS[name]
   assert splash.takes(mask, T, T)
@@ -125,7 +131,8 @@ def assert_models_agree(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('kv_heads', [None, 2])
+@pytest.mark.parametrize('kv_heads', [pytest.param(None, marks=pytest.mark.slow),
+                                      2])
 def test_a_packed_lm_step_equals_xla(kv_heads):
   ids = jnp.asarray(np.random.default_rng(1).integers(1, 64, (B, T)))
   segments = jnp.asarray(SEGMENTS)

@@ -119,9 +119,9 @@ def test_scan_remat_and_chunked_loss_train_like_the_plain_step(tmp_path,
                                metrics(plain)[step]['loss'], rtol=1e-5)
 
 
-@pytest.mark.parametrize('sig,workers', [(signal.SIGTERM, 0),
-                                         (signal.SIGINT, 0),
-                                         (signal.SIGTERM, 2)])
+@pytest.mark.parametrize('sig,workers', [
+    (signal.SIGTERM, 0), (signal.SIGINT, 0),
+    pytest.param(signal.SIGTERM, 2, marks=pytest.mark.slow)])
 def test_stop_signal_saves_exits_75_within_30_s_and_resumes(tmp_path,
                                                            data_dir, sig,
                                                            workers):
