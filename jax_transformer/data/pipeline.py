@@ -33,7 +33,9 @@ Properties:
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -390,8 +392,21 @@ def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     ds = grain.experimental.WithOptionsIterDataset(
         ds, grain.experimental.DatasetOptions(min_shm_size=2 ** 62))
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=worker_count, per_worker_buffer_size=worker_buffer_size))
+        num_workers=worker_count, per_worker_buffer_size=worker_buffer_size),
+        worker_init_fn=_die_with_parent)
   return Batches(iter(ds), worker_count)
+
+
+def _die_with_parent(worker_index: int, worker_count: int) -> None:
+  """In a worker: end when the process that started it dies, even by
+  SIGKILL, which gives it no chance to stop its workers (Linux only)."""
+  del worker_index, worker_count
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+  except OSError:  # pragma: no cover - not Linux
+    return
+  pr_set_pdeathsig = 1
+  libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class Batches:

@@ -49,3 +49,48 @@ def test_another_worker_count_is_refused_in_one_sentence(fake_data_dir):
     it.set_state(saved)
   # A position saved before worker counts were recorded: in-process.
   it.set_state(saved['grain'])
+
+
+WORKERS_THEN_WAIT = '''
+import os, sys, time
+from absl import flags
+flags.FLAGS(['x'])
+from jax_transformer import data
+def main():
+  prepared = data.prepare('ding_en_de', sys.argv[1])
+  it = data.make_iterator({'name': 'ding_en_de', 'direction': 'en-de',
+                           'data_dir': sys.argv[1]}, 'train',
+                          prepared.tokenizer, batch_size=4, seq_len=32,
+                          cache_limit=0, worker_count=2)
+  next(it)
+  print('ready', flush=True)
+  time.sleep(600)
+if __name__ == '__main__':
+  main()
+'''
+
+
+@pytest.mark.slow
+def test_workers_end_when_their_trainer_is_killed(fake_data_dir, tmp_path):
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+  script = tmp_path / 'hold.py'
+  script.write_text(WORKERS_THEN_WAIT)
+  proc = subprocess.Popen([sys.executable, str(script), fake_data_dir],
+                          stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == 'ready'
+  children = subprocess.run(['pgrep', '-P', str(proc.pid)],
+                            capture_output=True, text=True).stdout.split()
+  assert children
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  deadline = time.time() + 20
+  alive = children
+  while alive and time.time() < deadline:
+    time.sleep(0.5)
+    alive = [c for c in children if os.path.exists(f'/proc/{c}')
+             and 'Z' not in open(f'/proc/{c}/stat').read().split()[2]]
+  assert not alive, f'worker processes {alive} outlived a SIGKILLed parent'
