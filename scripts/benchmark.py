@@ -6,6 +6,7 @@ console.
     python scripts/benchmark.py --suite gpu           # on a GPU or TPU
     python scripts/benchmark.py --suite pipeline
     python scripts/benchmark.py --suite stop          # SIGTERM to exit
+    python scripts/benchmark.py --suite plan          # the planner's model
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -25,7 +26,12 @@ Suites (see ``jax_transformer/bench/``):
   the base model and gpt2_small consume on one H200 and one TPU v5p chip
   at 40% MFU: a row per model and chip;
 * ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
-  shipped config (``--stop_configs``), mid-training.
+  shipped config (``--stop_configs``), mid-training;
+* ``plan``: the planner's predicted time an update against measured steps
+  on the devices at hand: its top three layouts of ``--plan_config``
+  (default gpt2_small) on a GPU or TPU, eight layouts of a small LM on CPU
+  host devices; Spearman's rank correlation and whether the predicted
+  fastest is the measured fastest.
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -35,12 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop')
+SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -67,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--stop_configs', default=None,
                  help='stop: comma-separated configs (default: every '
                  'shipped one)')
+  p.add_argument('--plan_config', default=None,
+                 help='plan: the config planned on a GPU or TPU')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
@@ -99,6 +108,14 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     from jax_transformer.bench import gpu  # pylint: disable=g-import-not-at-top
     return gpu.run(tuple(args.gpu_items.split(',')),
                    seconds_per_item=args.seconds_per_item)
+  if args.suite == 'plan':
+    # Before JAX's backend starts: eight CPU host devices where there is
+    # no accelerator (ignored where there is one).
+    if 'device_count' not in os.environ.get('XLA_FLAGS', ''):
+      os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                                 ' --xla_force_host_platform_device_count=8')
+    from jax_transformer.bench import plan  # pylint: disable=g-import-not-at-top
+    return plan.run(args.plan_config, rounds=args.rounds)
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -115,7 +132,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'peak_memory_gb', 'device', 'supply_tokens_per_s',
               'demand_tokens_per_s', 'worker_count', 'cores_needed',
               'config', 'signal_to_exit_s', 'exit_status', 'saved_step',
-              'compiled_to_signal_s',
+              'compiled_to_signal_s', 'layout', 'predicted_step_s',
+              'measured_step_s', 'spearman', 'top_choice_agrees',
               'error')
 
 

@@ -1,5 +1,6 @@
 """What a compiled step's optimized HLO says: the bytes each kind of
-collective moves per step, and the attention kernels it calls.
+collective moves per step, its matmul FLOPs, and the attention kernels it
+calls.
 
 XLA's ``cost_analysis()`` counts a while loop's body once (a scanned stack
 of layers is one body); here each computation's instructions are counted
@@ -23,10 +24,25 @@ _CALLED = re.compile(r'\b(body|calls)=%?([\w.\-]+)')
 _CONDITION = re.compile(r'\bcondition=%?([\w.\-]+)')
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r'\bs32\[\]\S* constant\((\d+)\)')
+_NAME = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
+_DOT = re.compile(r' dot\(%?([\w.\-]+), ')
+_LHS_CONTRACTING = re.compile(r'lhs_contracting_dims=\{([\d,]*)\}')
+_OPERANDS = re.compile(r' [\w\-]+\(([^)]*)\)')
+_FUSED = re.compile(r' fusion\(.*\bcalls=%?([\w.\-]+)')
+# Instructions that move no bytes of their own.
+_FREE = {'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast',
+         'while', 'call', 'conditional', 'after-all', 'partition-id',
+         'replica-id', 'iota', 'opt-barrier'}
 # Fused attention as each compiler calls it: cuDNN's on GPUs, a Mosaic
 # (Pallas) kernel on TPUs.
 _KERNELS = {'cudnn': re.compile(r'custom_call_target="__cudnn\$fmha'),
             'pallas': re.compile(r'custom_call_target="tpu_custom_call"')}
+
+
+def _dims(shape_text: str) -> list[int]:
+  """The dimensions of the first array in an HLO shape."""
+  found = _SHAPE.search(shape_text)
+  return [int(d) for d in found.group(2).split(',') if d] if found else []
 
 
 def _bytes(shape_text: str) -> int:
@@ -82,21 +98,102 @@ def _runs(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
   return runs
 
 
+def _instructions(comps: dict[str, list[str]]):
+  """(computation, op, result shape text, line) of every instruction."""
+  for name, lines in comps.items():
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      if match:
+        yield name, match.group(2), match.group(1), line
+
+
+def dot_flops(hlo: str) -> tuple[float, float]:
+  """Matmul FLOPs of the HLO's ``dot`` instructions: (per step, each
+  computation counted once as ``cost_analysis()`` counts it). 2 x the
+  result's elements x the contracted size; a rematerialized matmul counts
+  each time it runs. The ratio of the two is how much XLA's cost figures
+  undercount a step with loops."""
+  comps, entry = _computations(hlo)
+  runs = _runs(comps, entry) if entry else {}
+  shapes = {}
+  for _, _, shape, line in _instructions(comps):
+    shapes[_NAME.match(line).group(1)] = shape
+  per_step = once = 0.0
+  for name, op, shape, line in _instructions(comps):
+    operand = _DOT.search(line)
+    if op != 'dot' or not operand:
+      continue
+    lhs = _dims(shapes.get(operand.group(1), ''))
+    contracting = _LHS_CONTRACTING.search(line)
+    size = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')
+                    if i and int(i) < len(lhs)] or [1]) if contracting else 1
+    flops = 2.0 * float(np.prod(_dims(shape) or [1])) * float(size)
+    once += flops
+    per_step += flops * runs.get(name, 0)
+  return per_step, once
+
+
+def memory_bytes(hlo: str) -> tuple[float, float]:
+  """Bytes read and written by the HLO's kernels (each instruction outside
+  a fusion: its operands and result): (per step, each computation counted
+  once). A slice of a stacked array (a scanned layer's weights) reads the
+  slice, an update in place writes the update. Rough per instruction; its
+  use is the ratio of the two, which scales XLA's figure to a step."""
+  comps, entry = _computations(hlo)
+  runs = _runs(comps, entry) if entry else {}
+  fused = {m.group(1) for lines in comps.values() for line in lines
+           for m in [_FUSED.search(line)] if m}
+  sizes, roots = {}, {}
+  for name, op, shape, line in _instructions(comps):
+    sizes[_NAME.match(line).group(1)] = _bytes(shape)
+    if line.lstrip().startswith('ROOT'):
+      roots[name] = op
+  per_step = once = 0.0
+  for name, op, shape, line in _instructions(comps):
+    if name in fused or op in _FREE or op.endswith('-done'):
+      continue
+    kind = roots.get(_FUSED.search(line).group(1)) if op == 'fusion' else op
+    operands = _OPERANDS.search(line)
+    read = [sizes.get(o.strip().lstrip('%'), 0)
+            for o in (operands.group(1).split(',') if operands else [])]
+    out = _bytes(shape)
+    if kind == 'dynamic-update-slice':
+      moved = 2 * (sum(read) - max(read, default=0))
+    elif kind == 'dynamic-slice':
+      moved = 2 * out
+    else:
+      moved = out + sum(read)
+    once += moved
+    per_step += moved * runs.get(name, 0)
+  return per_step, once
+
+
+def link_bytes(moved: dict[str, int]) -> float:
+  """Bytes a chip sends over its links for collective_bytes' figures: an
+  all-reduce sends and receives each byte about twice (a ring)."""
+  return 2 * moved['all-reduce'] + sum(
+      v for k, v in moved.items() if k != 'all-reduce')
+
+
 def collective_bytes(hlo: str) -> dict[str, int]:
   """Bytes per step of each collective kind (the largest array each
   instruction moves, times the runs of its computation)."""
   comps, entry = _computations(hlo)
   runs = _runs(comps, entry) if entry else {}
   totals = dict.fromkeys(COLLECTIVES, 0)
-  for name, lines in comps.items():
-    for line in lines:
-      match = _INSTRUCTION.match(line)
-      if not match:
-        continue
-      op = match.group(2).removesuffix('-start')
-      if op in totals and not match.group(2).endswith('-done'):
-        totals[op] += _bytes(match.group(1)) * runs.get(name, 0)
+  for name, op, shape, _ in _instructions(comps):
+    kind = op.removesuffix('-start')
+    if kind in totals and not op.endswith('-done'):
+      totals[kind] += _bytes(shape) * runs.get(name, 0)
   return totals
+
+
+def collective_launches(hlo: str) -> int:
+  """Collectives started per step (each instruction times its runs)."""
+  comps, entry = _computations(hlo)
+  runs = _runs(comps, entry) if entry else {}
+  return sum(runs.get(name, 0) for name, op, _, _ in _instructions(comps)
+             if op.removesuffix('-start') in COLLECTIVES)
 
 
 def attention_kernels(hlo: str) -> list[str]:

@@ -61,12 +61,20 @@ def forward_flops(c: ModelConfig, batch: int, src_len: int,
   dec = c.num_decoder_layers * (dec_layer['query'] * tgt_len
                                 + dec_layer['memory'] * src_len)
   head = d * c.vocab_size * tgt_len
-  # Scores and weighted values: 2 matmuls of keys x (N x H) per query.
+  return 2.0 * batch * (enc + dec + head) + attention_flops(
+      c, batch, src_len, tgt_len)
+
+
+def attention_flops(c: ModelConfig, batch: int, src_len: int,
+                    tgt_len: int) -> float:
+  """Forward FLOPs of attention's scores and weighted values: 2 matmuls of
+  keys x (N x H) per query, causal self-attention counted at half its
+  keys."""
   width = c.num_heads * c.head_dim
-  attn = 2 * width * (c.num_encoder_layers * src_len * src_len
+  macs = 2 * width * (c.num_encoder_layers * src_len * src_len
                       + c.num_decoder_layers * (tgt_len * tgt_len / 2
                                                 + tgt_len * src_len))
-  return 2.0 * batch * (enc + dec + head + attn)
+  return 2.0 * batch * macs
 
 
 def step_flops(c: ModelConfig, batch: int, src_len: int,

@@ -56,21 +56,75 @@ class StepCompile:
   compiled: Any = None       # jax.stages.Compiled, None when over memory
 
 
-def _compile(jitted, args, mesh, platform: str) -> StepCompile:
+def lower(jitted, args, mesh, platform: str) -> jax.stages.Lowered:
+  """jitted lowered for args as the platform's compiler would get it (its
+  attention kernel, the mesh's activation constraints)."""
+  with attention.compiling_for(platform), \
+      jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    return jitted.lower(*args)
+
+
+def compile_lowered(lowered: jax.stages.Lowered,
+                    lower_s: float = 0.0) -> StepCompile:
+  """lowered compiled; a step over the chip's memory is a StepCompile
+  holding the need the compiler reported, and no executable."""
   start = time.perf_counter()
   try:
-    with attention.compiling_for(platform), \
-        jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      compiled = jitted.lower(*args).compile()
+    compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as err:
     over = _OVER_HBM.search(str(err))
     if 'RESOURCE_EXHAUSTED' not in str(err) or not over:
       raise
     used = float(over.group(1)) * _UNITS[over.group(2)]
-    return StepCompile(time.perf_counter() - start, int(used))
-  seconds = time.perf_counter() - start
+    return StepCompile(lower_s + time.perf_counter() - start, int(used))
+  seconds = lower_s + time.perf_counter() - start
   stats = memory.Compiled.of(compiled)
   return StepCompile(seconds, stats.total if stats else None, compiled)
+
+
+def _compile(jitted, args, mesh, platform: str) -> StepCompile:
+  start = time.perf_counter()
+  lowered = lower(jitted, args, mesh, platform)
+  return compile_lowered(lowered, time.perf_counter() - start)
+
+
+@dataclasses.dataclass
+class TrainLowering:
+  """A run's train step lowered for a mesh of devices, with what the
+  report needs of the run."""
+  lowered: jax.stages.Lowered
+  lower_s: float
+  setup: experiment.Setup
+  mesh: jax.sharding.Mesh
+  shardings: dict[str, Any]
+  state: dict[str, Any]          # ShapeDtypeStructs with shardings
+  batch: dict[str, Any]
+  estimate: memory.Footprint
+
+
+def lower_train(cfg: ml_collections.ConfigDict, devices: list,
+                platform: str, vocab_size: int = 32768,
+                setup: experiment.Setup | None = None) -> TrainLowering:
+  """cfg's train step lowered on a mesh of devices, and the pre-flight
+  estimate (``setup`` reuses one built for cfg's model and optimizer)."""
+  checks.check_run_fields(cfg)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  sharding.check_batch(cfg.batch_size, mesh)
+  setup = setup or experiment.setup(cfg, vocab_size)
+  abstract_state = setup.abstract_state(cfg.seed)
+  shardings, _ = trainer.state_shardings(setup, mesh, abstract_state)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract_state, shardings)
+  batch = aot.abstract_batch(cfg, mesh)
+  with attention.compiling_for(platform):  # 'auto' as the target picks
+    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
+                               shardings, mesh)
+  start = time.perf_counter()
+  lowered = lower(trainer.jit_train_step(cfg, setup, mesh, shardings),
+                  (state, batch), mesh, platform)
+  return TrainLowering(lowered, time.perf_counter() - start, setup, mesh,
+                       shardings, state, batch, estimate)
 
 
 def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
@@ -78,30 +132,19 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
                   ) -> tuple[StepCompile, StepCompile, dict]:
   """cfg's train and eval steps on a mesh of devices; also facts of the
   run for the report (setup, the pre-flight estimate, the mesh)."""
-  checks.check_run_fields(cfg)
-  mesh = sharding.make_mesh(cfg.mesh, devices)
-  sharding.check_batch(cfg.batch_size, mesh)
-  setup = experiment.setup(cfg, vocab_size)
-  abstract_state = setup.abstract_state(cfg.seed)
-  shardings, _ = trainer.state_shardings(setup, mesh, abstract_state)
-  state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract_state, shardings)
-  batch = aot.abstract_batch(cfg, mesh)
-  train = _compile(trainer.jit_train_step(cfg, setup, mesh, shardings),
-                   (state, batch), mesh, platform)
+  run = lower_train(cfg, devices, platform, vocab_size)
+  train = compile_lowered(run.lowered, run.lower_s)
+  setup, mesh, shardings = run.setup, run.mesh, run.shardings
   eval_step = jax.jit(
       steps.make_eval_step(setup.model_def, packed=False,
                            loss_chunk_size=cfg.get('loss_chunk_size') or 0),
       in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
       out_shardings=NamedSharding(mesh, PartitionSpec()))
-  evaluation = _compile(eval_step, (state['params'], batch), mesh, platform)
+  evaluation = _compile(eval_step, (run.state['params'], run.batch), mesh,
+                        platform)
   decode = compile_decode(cfg, setup, mesh, shardings['params'], platform)
-  with attention.compiling_for(platform):  # 'auto' as the target picks
-    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
-                               shardings, mesh)
   facts = {'setup': setup, 'mesh': mesh, 'decode': decode,
-           'estimate': estimate}
+           'estimate': run.estimate}
   return train, evaluation, facts
 
 
@@ -144,7 +187,8 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
                      stats.total if stats else None, compiled)
 
 
-def _cost(compiled) -> dict[str, float]:
+def xla_cost(compiled) -> dict[str, float]:
+  """XLA's cost analysis of a compiled step (empty where it has none)."""
   try:
     cost = compiled.cost_analysis()
   except (NotImplementedError, jax.errors.JaxRuntimeError):
@@ -166,16 +210,13 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
   row = {'model_flops_per_step': model_flops, 'compute_bound_s': compute_s}
   if train.compiled is None:
     return row
-  cost = _cost(train.compiled)
+  cost = xla_cost(train.compiled)
   flops, accessed = cost.get('flops'), cost.get('bytes accessed')
   hlo = train.compiled.as_text()
   moved = hlo_stats.collective_bytes(hlo)
-  # An all-reduce sends and receives each byte about twice (ring).
-  link_bytes = 2 * moved['all-reduce'] + sum(
-      v for k, v in moved.items() if k != 'all-reduce')
   row.update(xla_flops_per_chip=flops, xla_bytes_accessed_per_chip=accessed,
              collective_bytes=moved,
-             link_bound_s=link_bytes / chip.link_bytes_per_s)
+             link_bound_s=hlo_stats.link_bytes(moved) / chip.link_bytes_per_s)
   bounds = [compute_s, row['link_bound_s']]
   if flops and accessed:
     loops = max(1.0, model_flops / chips / flops)

@@ -1,0 +1,61 @@
+"""The planner's step-time model against measured steps on the devices at
+hand (``scripts/benchmark.py --suite plan``).
+
+On a GPU or TPU: ``config`` (default gpt2_small) is planned for the local
+devices within ``budget_s`` and the planner's top three layouts are
+measured. On CPU host devices: the eight layouts of the small LM the suite
+checks (``plan/measure.py``). A row per layout (predicted and measured
+seconds an update, their ratio), then a summary row: Spearman's rank
+correlation and whether the predicted fastest is the measured fastest
+(within 5%, the rounds' noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jax_transformer import cli
+from jax_transformer.plan import candidates as cands
+from jax_transformer.plan import measure, search
+
+VOCAB = 32768
+TOP = 3
+
+
+def _layouts_planned(cfg, where, budget_s: float) -> list[cands.Candidate]:
+  rows = search.plan(cfg, 'plan suite', where, cfg.batch_size, budget_s,
+                     cache_dir=None, vocab_size=VOCAB)
+  fields = [f.name for f in dataclasses.fields(cands.Candidate)]
+  return [cands.Candidate(**{k: r[k] for k in fields})
+          for r in rows if r['rank']][:TOP]
+
+
+def run(config: str | None = None, budget_s: float = 300,
+        rounds: int = 5) -> list[dict]:
+  where = search.Where.here()
+  if where.platform == 'cpu' and config is None:
+    cfg, vocab = measure.host_check_config(), 512
+    layouts = measure.host_check_layouts()
+  else:
+    cfg, vocab = cli.load_config(config or 'gpt2_small'), VOCAB
+    layouts = _layouts_planned(cfg, where, budget_s)
+  compared = measure.compare(cfg, layouts, where, vocab, rounds)
+  rows = [{'suite': 'plan', 'device': jax.devices()[0].device_kind,
+           'layout': r['layout'], 'predicted_step_s': r['predicted_step_s'],
+           'measured_step_s': r['measured_step_s'],
+           'ratio': r['predicted_over_measured'],
+           'mfu_bound': r['mfu_bound']} for r in compared]
+  return rows + [summary(rows)]
+
+
+def summary(rows: list[dict]) -> dict:
+  """Rank agreement of prediction and measurement over the rows."""
+  predicted = [r['predicted_step_s'] for r in rows]
+  measured = [r['measured_step_s'] for r in rows]
+  pick = measured[predicted.index(min(predicted))]
+  return {'suite': 'plan', 'layouts': len(rows),
+          'spearman': measure.spearman(predicted, measured),
+          'top_choice_agrees': pick <= 1.05 * min(measured),
+          'top_choice_measured_over_best': pick / min(measured)}

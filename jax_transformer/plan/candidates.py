@@ -1,0 +1,131 @@
+"""The layouts a run could take on a set of chips: the planner's search
+space.
+
+A candidate is a mesh split (``mesh.data`` x ``mesh.fsdp`` x
+``mesh.tensor`` over every chip), a remat policy, a parameter dtype, a loss
+chunk size, and the rows per train step with the gradient accumulation
+that brings them to the requested global batch (``batch_size`` rows a step,
+``optim.grad_accum_steps`` steps an update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+import ml_collections
+
+REMATS = ('none', 'dots', 'full')
+PARAM_DTYPES = ('float32', 'bfloat16')
+LOSS_CHUNKS = (0, 8192)
+MAX_TENSOR = 8        # one host's NVLink, or a TPU's nearest neighbours
+MAX_ACCUMULATION = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One layout of a run; ``batch_size`` x ``grad_accum_steps`` rows make
+  one optimizer update."""
+  data: int
+  fsdp: int
+  tensor: int
+  remat: str
+  param_dtype: str
+  loss_chunk_size: int
+  batch_size: int
+  grad_accum_steps: int
+
+  def overrides(self) -> dict[str, Any]:
+    """The config fields this candidate sets, by dotted name."""
+    return {'mesh.data': self.data, 'mesh.fsdp': self.fsdp,
+            'mesh.tensor': self.tensor, 'model.remat': self.remat,
+            'model.param_dtype': self.param_dtype,
+            'loss_chunk_size': self.loss_chunk_size,
+            'batch_size': self.batch_size,
+            'eval_batch_size': self.batch_size,
+            'optim.grad_accum_steps': self.grad_accum_steps}
+
+  def flags(self) -> list[str]:
+    """The candidate as ``train.py`` flags."""
+    return [f'--config.{k}={v}' for k, v in self.overrides().items()]
+
+  def apply(self, cfg: ml_collections.ConfigDict
+            ) -> ml_collections.ConfigDict:
+    """A copy of cfg laid out as this candidate."""
+    out = cfg.copy_and_resolve_references()
+    for key, value in self.overrides().items():
+      *parents, leaf = key.split('.')
+      node = out
+      for part in parents:
+        node = node[part]
+      node[leaf] = value
+    return out
+
+  def describe(self) -> str:
+    mesh = ' x '.join(f'{k} {v}' for k, v in
+                      (('data', self.data), ('fsdp', self.fsdp),
+                       ('tensor', self.tensor)) if v > 1) or '1 chip'
+    dtype = 'bf16' if self.param_dtype == 'bfloat16' else 'f32'
+    return (f'{mesh}, remat {self.remat}, {dtype} params, loss chunk '
+            f'{self.loss_chunk_size or "off"}, {self.batch_size} rows x '
+            f'{self.grad_accum_steps}')
+
+
+def shipped(cfg: ml_collections.ConfigDict, chips: int,
+            global_batch: int) -> Candidate:
+  """The config's own layout at global_batch rows an update: its mesh
+  (-1 resolved to the chips left), remat, dtype, loss chunk, and its
+  accumulation where that divides the batch."""
+  sizes = dict(cfg.mesh)
+  known = 1
+  for v in sizes.values():
+    known *= v if v > 0 else 1
+  sizes = {k: (chips // known if v == -1 else v) for k, v in sizes.items()}
+  accum = int(cfg.optim.get('grad_accum_steps', 1))
+  if global_batch % accum:
+    accum = 1
+  return Candidate(sizes['data'], sizes['fsdp'], sizes['tensor'],
+                   cfg.model.remat, cfg.model.param_dtype,
+                   int(cfg.get('loss_chunk_size') or 0),
+                   global_batch // accum, accum)
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(chips: int, heads: int, kv_heads: int
+           ) -> Iterator[tuple[int, int, int]]:
+  """(data, fsdp, tensor) over every chip; tensor divides the heads (and
+  the key-value heads) and is at most MAX_TENSOR."""
+  for tensor in _divisors(chips):
+    if tensor > MAX_TENSOR or heads % tensor or kv_heads % tensor:
+      continue
+    for data in _divisors(chips // tensor):
+      yield data, chips // tensor // data, tensor
+
+
+def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
+                         global_batch: int, slices: int = 1
+                         ) -> list[Candidate]:
+  """Every candidate for cfg on ``chips`` chips at global_batch rows an
+  update: each mesh, remat, dtype, loss chunk, and each accumulation that
+  leaves every batch shard whole rows. Over several slices only data
+  parallelism crosses between them (mesh.data a multiple of slices)."""
+  m = cfg.model
+  heads = m.num_heads
+  kv_heads = m.get('num_kv_heads') or heads
+  chunks = sorted({*LOSS_CHUNKS, int(cfg.get('loss_chunk_size') or 0)})
+  out = []
+  for (data, fsdp, tensor), remat, dtype, chunk in itertools.product(
+      meshes(chips, heads, kv_heads), REMATS, PARAM_DTYPES, chunks):
+    if data % slices:
+      continue
+    for accum in _divisors(global_batch):
+      rows = global_batch // accum
+      if accum > MAX_ACCUMULATION or rows % (data * fsdp):
+        continue
+      out.append(Candidate(data, fsdp, tensor, remat, dtype, chunk, rows,
+                           accum))
+  return out

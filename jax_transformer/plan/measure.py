@@ -1,0 +1,115 @@
+"""Measured step times of planned layouts on the devices at hand: how the
+step-time model is checked (``tests/plan/test_rank_agreement.py`` on
+CPU host devices, ``scripts/benchmark.py --suite plan`` on a GPU or TPU).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from jax_transformer import cli
+from jax_transformer.plan import candidates as cands
+from jax_transformer.plan import search
+from jax_transformer.train import target_report
+
+
+def step_runner(cfg: ml_collections.ConfigDict, devices: list,
+                vocab_size: int) -> Callable[[], None]:
+  """A function running cfg's train step once on devices (compiled here,
+  state initialised from cfg's seed, one fixed batch of random tokens)."""
+  platform = devices[0].platform.replace('cuda', 'gpu')
+  run = target_report.lower_train(cfg, devices, platform, vocab_size)
+  compiled = run.lowered.compile()
+  state = jax.jit(lambda: run.setup.init_state(cfg.seed),
+                  out_shardings=run.shardings)()
+  rng = np.random.default_rng(cfg.seed)
+  batch = {}
+  for key, spec in run.batch.items():
+    if 'segment' in key:
+      values = np.ones(spec.shape, np.int32)
+    elif 'position' in key:
+      values = np.broadcast_to(np.arange(spec.shape[1], dtype=np.int32),
+                               spec.shape)
+    else:
+      values = rng.integers(1, vocab_size, spec.shape, dtype=np.int32)
+    batch[key] = jax.device_put(values, spec.sharding)
+  holder = [state]
+
+  def step():
+    holder[0], metrics = compiled(holder[0], batch)
+    jax.block_until_ready(metrics)
+  return step
+
+
+def measure(base: ml_collections.ConfigDict,
+            layouts: list[cands.Candidate], devices: list, vocab_size: int,
+            rounds: int = 5, warmup: int = 2) -> list[float]:
+  """Median seconds per optimizer update of each layout (its step time x
+  grad_accum_steps), in rounds interleaved over the layouts so that the
+  host's load falls on all alike."""
+  runners = [step_runner(c.apply(base), devices, vocab_size)
+             for c in layouts]
+  for run in runners:
+    for _ in range(warmup):
+      run()
+  times = [[] for _ in runners]
+  for _ in range(rounds):
+    for i, run in enumerate(runners):
+      start = time.perf_counter()
+      run()
+      times[i].append(time.perf_counter() - start)
+  return [float(np.median(t)) * c.grad_accum_steps
+          for t, c in zip(times, layouts)]
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+  """Spearman's rank correlation of two equally long lists (no ties)."""
+  ra = np.argsort(np.argsort(a))
+  rb = np.argsort(np.argsort(b))
+  return float(np.corrcoef(ra, rb)[0, 1])
+
+
+
+def compare(base: ml_collections.ConfigDict, layouts: list[cands.Candidate],
+            where, vocab_size: int, rounds: int = 5) -> list[dict]:
+  """Each layout planned on ``where`` (the devices at hand) and measured
+  there: its plan row with measured_step_s and the ratio of prediction to
+  measurement added, in the order of layouts."""
+  base = layouts[0].apply(base)  # the first is the plan's own layout
+  rows = search.plan(base, 'compare', where, layouts[0].batch_size
+                     * layouts[0].grad_accum_steps, budget_s=float('inf'),
+                     cache_dir=None, vocab_size=vocab_size, only=layouts,
+                     log=lambda _: None)
+  by_layout = {r['layout']: r for r in rows}
+  measured = measure(base, layouts, list(where.devices), vocab_size, rounds)
+  out = []
+  for c, seconds in zip(layouts, measured):
+    row = dict(by_layout[c.describe()], measured_step_s=seconds)
+    row['predicted_over_measured'] = row['predicted_step_s'] / seconds
+    out.append(row)
+  return out
+
+
+def host_check_config() -> ml_collections.ConfigDict:
+  """The small LM the model is checked on with CPU host devices: 4 layers
+  of width 256, 8 heads, 128-token rows, a 512-token vocabulary."""
+  cfg = cli.load_config('lm_shakespeare')
+  cfg.model.update(d_model=256, num_heads=8, num_decoder_layers=4, d_ff=1024)
+  cfg.seq_len = 128
+  return cfg
+
+
+def host_check_layouts(rows: int = 32) -> list[cands.Candidate]:
+  """Eight layouts of host_check_config over 8 devices: each mesh kind,
+  remat full, and gradient accumulation."""
+  def layout(data, fsdp, tensor, remat='none', accum=1):
+    return cands.Candidate(data, fsdp, tensor, remat, 'float32', 0,
+                           rows // accum, accum)
+  return [layout(8, 1, 1), layout(1, 8, 1), layout(1, 1, 8),
+          layout(2, 1, 4), layout(4, 1, 2), layout(8, 1, 1, 'full'),
+          layout(1, 8, 1, 'full'), layout(8, 1, 1, accum=2)]

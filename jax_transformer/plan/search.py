@@ -1,0 +1,340 @@
+"""The planner: the fastest layout of a run that fits a target, found by
+the target's compiler.
+
+Every candidate (``candidates.py``) is first sized by the pre-flight
+estimate (``train/memory.py``): one over the chip's memory by more than
+the estimate's error is pruned. The survivors are ordered by a guess made
+without compiling (``guess``: FLOPs and collective bytes counted from the
+model), and compiled in that order, the config's own layout first, while
+the time budget lasts; each compiled step's time comes from its
+executable (``step_model.py``). Compiled results are kept on disk by the
+fingerprint of the lowered step, so a second plan compiles only what
+changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+
+from jax_transformer.errors import UsageError
+from jax_transformer.model import attention, sharding
+from jax_transformer.plan import candidates as cands
+from jax_transformer.plan import step_model
+from jax_transformer.runtime import targets
+from jax_transformer.train import experiment, memory, perf, target_report
+from jax_transformer.train import trainer
+
+# The estimate is within ~20% of the TPU compiler's figure
+# (docs/scaling.md): a candidate is pruned only when even a 20%
+# overestimate would not fit.
+ESTIMATE_ERROR = 1.2
+REMAT_RECOMPUTE = {'none': 1.0, 'dots': 1.05, 'full': 4 / 3}
+DEFAULT_CACHE = os.path.join(os.path.expanduser('~'), '.cache',
+                             'jax_transformer', 'plan')
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+  """The chips a plan is for: a target's compile-only devices, or the
+  devices at hand."""
+  name: str
+  devices: tuple
+  platform: str              # 'tpu', 'gpu' or 'cpu'
+  rates: step_model.Rates
+  slices: int = 1
+
+  @classmethod
+  def target(cls, name: str, slices: int = 1) -> 'Where':
+    t = targets.target(name)
+    devices = tuple(targets.devices(t, slices))
+    platform = 'gpu' if t.platform == 'cuda' else 'tpu'
+    return cls(name, devices, platform, step_model.Rates.of_target(t),
+               slices)
+
+  @classmethod
+  def here(cls, devices=None) -> 'Where':
+    devices = tuple(devices or jax.devices())
+    return cls('here', devices, devices[0].platform.replace('cuda', 'gpu'),
+               step_model.Rates.of_devices(list(devices)))
+
+  @property
+  def chips(self) -> int:
+    return len(self.devices)
+
+
+def _src_len(cfg, mc) -> int:
+  return ((cfg.data.get('src_len') or cfg.seq_len)
+          if mc.num_encoder_layers else 0)
+
+
+def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
+          num_params: int, where: Where) -> float:
+  """Seconds per update by counting, without compiling: the model's FLOPs
+  (with remat's recompute) at peak, against the bytes FSDP gathers and
+  scatters, data parallelism all-reduces and tensor parallelism moves
+  between layers, at link speed. Only orders the compiles."""
+  rates, chips = where.rates, where.chips
+  flops = perf.step_flops(mc, c.batch_size, _src_len(cfg, mc),
+                          cfg.seq_len)['train']
+  compute = flops * REMAT_RECOMPUTE[c.remat] / chips / rates.peak_flops
+  p = num_params * (2 if c.param_dtype == 'bfloat16' else 4) / c.tensor
+  moved = 0.0
+  if c.fsdp > 1:    # gathered forward and backward, gradients scattered
+    moved += 3 * p * (c.fsdp - 1) / c.fsdp
+  if c.data > 1:    # gradients all-reduced
+    moved += 2 * p / c.fsdp * (c.data - 1) / c.data
+  if c.tensor > 1:  # two all-reduces of the activations a layer each way
+    rows = c.batch_size // (c.data * c.fsdp)
+    layers = mc.num_decoder_layers + mc.num_encoder_layers
+    trips = 6 if c.remat == 'full' else 4
+    moved += (trips * layers * 2 * rows * cfg.seq_len * mc.d_model * 2
+              * (c.tensor - 1) / c.tensor)
+  link = moved / rates.link_bytes_per_s
+  step = max(compute, link) if rates.overlap else compute + link
+  return c.grad_accum_steps * step
+
+
+class Cache:
+  """Compiled candidates' results on disk, by the lowered step's
+  fingerprint and the chips compiled for."""
+
+  def __init__(self, directory: str | None):
+    self.directory = directory
+    if directory:
+      os.makedirs(directory, exist_ok=True)
+
+  def key(self, lowered, where: Where) -> str:
+    text = lowered.as_text()
+    salt = f'{where.name}/{where.slices}/{where.platform}/{jax.__version__}'
+    return hashlib.sha256((salt + '\n' + text).encode()).hexdigest()[:32]
+
+  def get(self, key: str) -> dict | None:
+    path = self._path(key)
+    if not path or not os.path.exists(path):
+      return None
+    with open(path) as f:
+      return json.load(f)
+
+  def put(self, key: str, result: dict) -> None:
+    path = self._path(key)
+    if path:
+      with open(path + '.tmp', 'w') as f:
+        json.dump(result, f)
+      os.replace(path + '.tmp', path)
+
+  def _path(self, key: str) -> str | None:
+    return os.path.join(self.directory, key + '.json') if self.directory \
+        else None
+
+
+@dataclasses.dataclass
+class Sized:
+  """A candidate with what is known of it before compiling."""
+  candidate: cands.Candidate
+  cfg: ml_collections.ConfigDict
+  setup: experiment.Setup
+  estimate_bytes: int
+  guess_s: float
+  shipped: bool = False
+
+
+class Sizer:
+  """Candidates sized before compiling. Only remat, dtype and accumulation
+  change the model and optimizer, and with the mesh the state's
+  shardings: those are built once per variant and shared."""
+
+  def __init__(self, base: ml_collections.ConfigDict, where: Where,
+               vocab_size: int):
+    self.base, self.where, self.vocab_size = base, where, vocab_size
+    self.setups, self.states = {}, {}
+
+  def setup(self, cfg) -> experiment.Setup:
+    key = (cfg.model.remat, cfg.model.param_dtype,
+           cfg.optim.grad_accum_steps)
+    if key not in self.setups:
+      self.setups[key] = experiment.setup(cfg, self.vocab_size)
+    return self.setups[key]
+
+  def state(self, cfg, setup, mesh) -> tuple[Any, Any, int]:
+    """(abstract state, its shardings, parameter count) for cfg's setup
+    on mesh."""
+    if id(setup) not in self.states:
+      self.states[id(setup)] = (
+          setup.abstract_state(cfg.seed),
+          sum(x.size for x in setup.abstract_params.values()), {})
+    abstract_state, params, placed = self.states[id(setup)]
+    key = tuple(mesh.shape.values())
+    if key not in placed:
+      placed[key] = trainer.state_shardings(setup, mesh, abstract_state)[0]
+    return abstract_state, placed[key], params
+
+  def __call__(self, c: cands.Candidate) -> Sized:
+    """c's config, setup, pre-flight estimate and guessed time."""
+    cfg = c.apply(self.base)
+    mesh = sharding.make_mesh(cfg.mesh, list(self.where.devices))
+    sharding.check_batch(cfg.batch_size, mesh)
+    setup = self.setup(cfg)
+    abstract_state, shardings, params = self.state(cfg, setup, mesh)
+    with attention.compiling_for(self.where.platform):
+      estimate = memory.estimate(cfg, setup.model_config, abstract_state,
+                                 shardings, mesh).total
+    return Sized(c, cfg, setup, estimate,
+                 guess(c, cfg, setup.model_config, params, self.where))
+
+
+def compile_candidate(s: Sized, where: Where, cache: Cache,
+                      vocab_size: int) -> dict[str, Any]:
+  """s compiled (or found in the cache): its fits, per-chip memory,
+  cost, compile time and fingerprint."""
+  run = target_report.lower_train(s.cfg, list(where.devices),
+                                  where.platform, vocab_size, s.setup)
+  key = cache.key(run.lowered, where)
+  found = cache.get(key)
+  if found is not None:
+    return dict(found, status='cached', fingerprint=key)
+  step = target_report.compile_lowered(run.lowered, run.lower_s)
+  mc = s.setup.model_config
+  result = {'per_chip_bytes': step.per_chip_bytes,
+            'compile_s': round(step.compile_s, 2)}
+  if step.compiled is not None:
+    attn = perf.attention_flops(mc, s.cfg.batch_size, _src_len(s.cfg, mc),
+                                s.cfg.seq_len)
+    cost = step_model.StepCost.of(
+        step.compiled,
+        step_model.ATTENTION_KERNEL_TRAIN * attn / where.chips)
+    result['cost'] = cost.to_json()
+  cache.put(key, result)
+  return dict(result, status='compiled', fingerprint=key)
+
+
+def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
+         global_batch: int, budget_s: float = 600,
+         cache_dir: str | None = DEFAULT_CACHE, vocab_size: int = 32768,
+         log: Callable[[str], None] | None = None,
+         only: list[cands.Candidate] | None = None) -> list[dict]:
+  """One row per candidate, best first: those that fit by the compiler,
+  by predicted time per update; then the rest. ``only`` plans those
+  candidates instead of every one."""
+  log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+  start = time.perf_counter()
+  own = cands.shipped(cfg, where.chips, global_batch)
+  pool = only or cands.enumerate_candidates(cfg, where.chips, global_batch,
+                                            where.slices)
+  if not pool:
+    raise UsageError(
+        f'{global_batch} rows an update cannot be split over {where.chips} '
+        f'chips by any layout (data x fsdp must divide the rows, tensor at '
+        f'most {cands.MAX_TENSOR}); use a multiple of {where.chips}.')
+  pool = [own] + [c for c in pool if c != own]
+  sizer = Sizer(cfg, where, vocab_size)
+  capacity = where.rates.memory_bytes
+  rows, survivors = [], []
+  for c in pool:
+    try:
+      s = sizer(c)
+    except (ValueError, UsageError) as err:  # a layout the run cannot take
+      rows.append(_row(c, spec, where, global_batch, c == own,
+                       status='invalid', reason=str(err)))
+      continue
+    s.shipped = c == own
+    if capacity and s.estimate_bytes > ESTIMATE_ERROR * capacity \
+        and not s.shipped:
+      rows.append(_sized_row(s, spec, where, global_batch, status='pruned',
+                             fits=False))
+    else:
+      survivors.append(s)
+  log(f'{len(pool)} candidates; {len(survivors)} left after the memory '
+      f'estimate ({time.perf_counter() - start:.0f} s).')
+  survivors.sort(key=lambda s: (not s.shipped, s.guess_s, s.estimate_bytes))
+  cache, spent, seen = Cache(cache_dir), [], {}
+  for s in survivors:
+    elapsed = time.perf_counter() - start
+    expected = statistics.median(spent) if spent else 0.0
+    if not s.shipped and elapsed + expected > budget_s:
+      rows.append(_sized_row(s, spec, where, global_batch,
+                             status='skipped', reason='no time left'))
+      continue
+    began = time.perf_counter()
+    result = compile_candidate(s, where, cache, vocab_size)
+    if result['status'] == 'compiled':
+      spent.append(time.perf_counter() - began)
+    if result['fingerprint'] in seen and not s.shipped:
+      result['status'] = 'duplicate'
+      result['same_as'] = seen[result['fingerprint']]
+    seen.setdefault(result['fingerprint'], s.candidate.describe())
+    row = _compiled_row(s, result, spec, where, global_batch)
+    rows.append(row)
+    log(_progress(row))
+  skipped = sum(r['status'] == 'skipped' for r in rows)
+  if skipped:
+    log(f'{skipped} candidates not compiled: the budget of {budget_s:.0f} s '
+        'ran out (--budget_s).')
+  return rank(rows)
+
+
+def rank(rows: list[dict]) -> list[dict]:
+  """Rows best first: fitting compiled ones by predicted time per update,
+  then the rest (by guessed time); each fitting row numbered."""
+  def order(r):
+    fitting = bool(r['fits']) and r['predicted_step_s'] is not None
+    return (r['status'] == 'invalid', not fitting,
+            r['predicted_step_s'] or r.get('guess_step_s') or 0.0)
+  rows = sorted(rows, key=order)
+  for i, r in enumerate(rows):
+    r['rank'] = i + 1 if r.get('fits') and r.get('predicted_step_s') else None
+  return rows
+
+
+def _row(c: cands.Candidate, spec: str, where: Where, global_batch: int,
+         shipped: bool, **extra) -> dict[str, Any]:
+  return {'config': spec, 'target': where.name, 'slices': where.slices,
+          'devices': where.chips, 'global_batch': global_batch,
+          **dataclasses.asdict(c), 'layout': c.describe(),
+          'shipped': shipped, 'fits': None, 'per_chip_bytes': None,
+          'chip_memory_bytes': where.rates.memory_bytes,
+          'predicted_step_s': None, 'mfu_bound': None, 'compile_s': None,
+          **extra}
+
+
+def _sized_row(s: Sized, spec, where, global_batch, **extra) -> dict:
+  return _row(s.candidate, spec, where, global_batch, s.shipped,
+              estimate_bytes=s.estimate_bytes, guess_step_s=s.guess_s,
+              **extra)
+
+
+def _compiled_row(s: Sized, result: dict, spec, where, global_batch
+                  ) -> dict:
+  row = _sized_row(s, spec, where, global_batch, **{
+      k: v for k, v in result.items() if k != 'cost'})
+  need, capacity = result['per_chip_bytes'], where.rates.memory_bytes
+  row['fits'] = need is not None and (capacity is None or need <= capacity)
+  if 'cost' in result:
+    cost = step_model.StepCost(**result['cost'])
+    mc = s.setup.model_config
+    model = perf.step_flops(mc, global_batch, _src_len(s.cfg, mc),
+                            s.cfg.seq_len)['train']
+    row.update(step_model.predict(cost, where.rates,
+                                  s.candidate.grad_accum_steps, model,
+                                  where.chips))
+    row['collective_bytes'] = cost.collective_bytes
+    row['attention_kernels'] = cost.attention_kernels
+  return row
+
+
+def _progress(row: dict) -> str:
+  need = memory.readable(row['per_chip_bytes'] or 0)
+  verdict = 'fits' if row['fits'] else 'does not fit'
+  time_s = (f', {row["predicted_step_s"] * 1e3:.1f} ms an update, MFU bound '
+            f'{row["mfu_bound"]:.0%}' if row.get('predicted_step_s') else '')
+  return (f'  {row["layout"]}: {verdict} ({need} a chip){time_s}; '
+          f'{row["status"]} in {row["compile_s"] or 0:.0f} s')

@@ -1,0 +1,164 @@
+"""A train step's time predicted from its compiled executable.
+
+Per chip, from the optimized HLO and XLA's cost analysis of one step:
+
+* ``flops``: the matmul FLOPs the step executes (``hlo_stats.dot_flops``,
+  each loop body times its trips, a rematerialized matmul each time it
+  runs), plus XLA's other FLOPs, plus a fused attention kernel's (a custom
+  call XLA cannot see into: 3.5x attention's forward FLOPs, the backward's
+  four matmuls and its recomputed scores);
+* ``hbm_bytes``: XLA's bytes accessed, scaled from one pass over each loop
+  body to the step by the ratio of the kernels' bytes per step to their
+  bytes with each body counted once (``hlo_stats.memory_bytes``);
+* ``link_bytes``: the collectives' bytes per step (an all-reduce twice).
+
+Against one chip's rates::
+
+    compute_s = flops / peak FLOP/s
+    memory_s  = hbm_bytes / HBM bytes per s
+    link_s    = link_bytes / link bytes per s + collectives x latency
+    step_s    = max(compute_s, memory_s, link_s)    accelerators (overlap)
+              = compute_s + memory_s + link_s       CPU host devices
+    update_s  = grad_accum_steps x step_s
+
+and the MFU bound is the model's FLOPs at peak (``perf.step_flops``) over
+update_s. Accelerators overlap collectives with compute (asynchronous
+collectives) and a fused kernel's HBM traffic with its math, so the
+longest part bounds the step; host devices run each part in turn on the
+same cores, so the parts add.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_transformer.runtime import targets
+from jax_transformer.train import hlo_stats, memory, perf, target_report
+
+ATTENTION_KERNEL_TRAIN = 3.5  # x forward attention FLOPs in a fused kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+  """One chip's rates, and whether a step's parts overlap on it."""
+  name: str
+  peak_flops: float
+  hbm_bytes_per_s: float
+  link_bytes_per_s: float
+  memory_bytes: int | None
+  overlap: bool = True
+  collective_latency_s: float = 0.0
+
+  @classmethod
+  def of_target(cls, target: targets.Target) -> 'Rates':
+    """Vendor figures of the target's chip (``runtime/targets.py``)."""
+    chip = targets.CHIPS[target.chip]
+    return cls(target.name, perf.peak_flops(chip.kind), chip.hbm_bytes_per_s,
+               chip.link_bytes_per_s, memory.builtin_memory(chip.kind))
+
+  @classmethod
+  def of_devices(cls, devices: list) -> 'Rates':
+    """The rates of the devices at hand: built in for accelerators,
+    measured on CPU host devices (which share the host's cores: each gets
+    its share of the host's matmul, copy and collective rates)."""
+    kind = devices[0].device_kind
+    peak = perf.peak_flops(kind)
+    if peak is not None:
+      for t in targets.TARGETS.values():
+        if targets.CHIPS[t.chip].kind.lower() in kind.lower():
+          return dataclasses.replace(cls.of_target(t), name=kind)
+    return measure_host(devices)
+
+
+def measure_host(devices: list, repeats: int = 5) -> Rates:
+  """Rates of CPU host devices, measured: a 1024 x 1024 matmul, an add
+  over 4 MB (the size of a small model's activations, which stay in the
+  host's caches as a step's kernels pass over them), and an all-gather of
+  8 MB per device (and of 4 bytes, for the latency), each the best of
+  ``repeats``."""
+  n = len(devices)
+  with jax.default_device(devices[0]):
+    matmul = perf.matmul_rate(1024, jnp.float32, repeats)
+    x = jnp.ones(2 ** 20, jnp.float32)
+    add = jax.jit(lambda a: a + 1)
+    copy = 2 * x.nbytes / _best(lambda: add(x), repeats)
+  mesh = jax.sharding.Mesh(np.asarray(devices), ('d',))
+  gather = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh,
+                                                            PartitionSpec()))
+
+  def sharded(size):
+    return jax.device_put(jnp.ones(size * n, jnp.float32),
+                          NamedSharding(mesh, PartitionSpec('d')))
+  big, tiny = sharded(2 * 2 ** 20), sharded(1)
+  latency = _best(lambda: gather(tiny), repeats)
+  # Each device receives the n - 1 shards it lacks, all at once: the rate
+  # is each one's already.
+  link = (n - 1) * big.nbytes / n / max(
+      _best(lambda: gather(big), repeats) - latency, 1e-9)
+  return Rates(f'{n} x {devices[0].device_kind}', matmul / n, copy / n,
+               link, None, overlap=False, collective_latency_s=latency)
+
+
+def _best(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())
+  best = float('inf')
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+  """What one train step asks of each chip, from its executable."""
+  flops: float
+  hbm_bytes: float
+  link_bytes: float
+  collectives: int
+  collective_bytes: dict[str, int]
+  attention_kernels: list[str]
+
+  @classmethod
+  def of(cls, compiled, attention_train_flops_per_chip: float
+         ) -> 'StepCost':
+    """The compiled step's cost; attention_train_flops_per_chip counts
+    toward it when a fused attention kernel hides them from XLA."""
+    hlo = compiled.as_text()
+    dots, dots_once = hlo_stats.dot_flops(hlo)
+    moved, moved_once = hlo_stats.memory_bytes(hlo)
+    cost = target_report.xla_cost(compiled)
+    scale = moved / moved_once if moved_once else 1.0
+    flops = dots + max(0.0, cost.get('flops', 0.0) - dots_once) * scale
+    kernels = hlo_stats.attention_kernels(hlo)
+    if kernels:
+      flops += attention_train_flops_per_chip
+    collective = hlo_stats.collective_bytes(hlo)
+    return cls(flops, cost.get('bytes accessed', 0.0) * scale,
+               hlo_stats.link_bytes(collective),
+               hlo_stats.collective_launches(hlo), collective, kernels)
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
+            model_flops_per_update: float, chips: int) -> dict[str, float]:
+  """The step's parts in seconds, the predicted time of one optimizer
+  update (grad_accum_steps steps) and the MFU bound it gives."""
+  compute = cost.flops / rates.peak_flops
+  hbm = cost.hbm_bytes / rates.hbm_bytes_per_s
+  link = (cost.link_bytes / rates.link_bytes_per_s
+          + cost.collectives * rates.collective_latency_s)
+  step = max(compute, hbm, link) if rates.overlap else compute + hbm + link
+  update = grad_accum_steps * step
+  ideal = model_flops_per_update / (chips * rates.peak_flops)
+  return {'compute_s': compute, 'hbm_s': hbm, 'link_s': link,
+          'predicted_step_s': update, 'mfu_bound': ideal / update}

@@ -1,0 +1,166 @@
+"""The fastest layout of a run that fits a TPU slice or GPU hosts, found by
+their compiler from this host.
+
+    python scripts/plan.py --config lm_1_3b --target v5p-128 --tokens_per_step 1048576
+    python scripts/plan.py --config gpt2_small --target h100-8 --budget_s 300 --output plan.jsonl
+
+Enumerates mesh splits (data x fsdp x tensor), remat policies, parameter
+dtypes, loss chunk sizes and per-step rows with gradient accumulation that
+make the global batch; prunes those the pre-flight memory estimate rules
+out; compiles the rest, the config's own layout first and then by a
+guessed time, with the target's compiler while --budget_s lasts (results
+are cached by the lowered step's fingerprint); ranks those that fit by a
+step-time model of each executable (``jax_transformer/plan/``). Prints
+the table and the winner as ``train.py`` flags; --output gets one JSON
+row per candidate. Needs ``pip install -e '.[aot]'`` (and the GPU
+compiler for h100/h200 targets, see docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+# Before JAX starts: JAX itself runs on this host's CPU; libtpu must not
+# look for a TPU VM's metadata.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+
+from absl import flags
+
+from jax_transformer import cli
+from jax_transformer.errors import UsageError
+from jax_transformer.plan import search
+from jax_transformer.runtime import targets
+from jax_transformer.train import memory
+
+SHOWN = 12
+
+
+def parse_args(argv: list[str]):
+  """(config, spec, the --config.* overrides given, flag values)."""
+  values = flags.FlagValues()
+  flags.DEFINE_string('target', None, ', '.join(targets.TARGETS),
+                      flag_values=values)
+  flags.DEFINE_integer('slices', 1, 'TPU slices', flag_values=values)
+  flags.DEFINE_integer('global_batch', None, 'rows per optimizer update',
+                       flag_values=values)
+  flags.DEFINE_integer('tokens_per_step', None,
+                       'tokens per optimizer update (rows x seq_len)',
+                       flag_values=values)
+  flags.DEFINE_float('budget_s', 600, 'seconds the plan may take',
+                     flag_values=values)
+  flags.DEFINE_string('output', None, 'one JSON row per candidate here',
+                      flag_values=values)
+  flags.DEFINE_string('cache_dir', search.DEFAULT_CACHE,
+                      'compiled candidates kept here ("" for none)',
+                      flag_values=values)
+  cfg, spec, rest = cli.parse_config_flags(['plan.py', *argv], None, values)
+  if rest:
+    raise UsageError(f'Unexpected arguments {rest}.')
+  if values.target is None:
+    raise UsageError('--target is required; choose one of '
+                     f'{", ".join(targets.TARGETS)}.')
+  target = targets.target(values.target)
+  if values.slices < 1 or (values.slices > 1 and target.platform != 'tpu'):
+    targets.devices(target, values.slices)  # its one sentence
+  overrides = [a for a in argv if a.startswith('--config.')]
+  return cfg, spec, overrides, values
+
+
+def global_batch(cfg, values) -> int:
+  """Rows per update: --global_batch, --tokens_per_step / seq_len, or the
+  config's batch_size x grad_accum_steps."""
+  if values.global_batch is not None and values.tokens_per_step is not None:
+    raise UsageError('Give --global_batch or --tokens_per_step, not both.')
+  if values.tokens_per_step is not None:
+    if values.tokens_per_step < cfg.seq_len:
+      raise UsageError(f'--tokens_per_step {values.tokens_per_step} is '
+                       f'less than one row of seq_len {cfg.seq_len}.')
+    return values.tokens_per_step // cfg.seq_len
+  rows = values.global_batch or (
+      cfg.batch_size * int(cfg.optim.get('grad_accum_steps', 1)))
+  if rows < 1:
+    raise UsageError(f'--global_batch must be 1 or more, got {rows}.')
+  return rows
+
+
+def table(rows: list[dict]) -> str:
+  """The best SHOWN rows, the config's own layout among them."""
+  shown = [r for r in rows if r['rank'] and r['rank'] <= SHOWN]
+  shown += [r for r in rows if r['shipped'] and r not in shown]
+  lines = ['rank  layout' + ' ' * 58 + 'per chip     fits  ms/update  '
+           'MFU bound  compile']
+  for r in shown:
+    need = memory.readable(r['per_chip_bytes']) if r['per_chip_bytes'] \
+        else '-'
+    ms = (f'{r["predicted_step_s"] * 1e3:9.1f}' if r['predicted_step_s']
+          else '        -')
+    mfu = f'{r["mfu_bound"]:9.0%}' if r['mfu_bound'] else '        -'
+    mark = ' (shipped)' if r['shipped'] else ''
+    lines.append(f'{r["rank"] or "-":>4}  {(r["layout"] + mark):64.64} '
+                 f'{need:>10}  {"yes" if r["fits"] else "no ":>4} {ms}  '
+                 f'{mfu}  {r["compile_s"] or 0:5.0f} s')
+  counts = {}
+  for r in rows:
+    counts[r['status']] = counts.get(r['status'], 0) + 1
+  lines.append('candidates: ' + ', '.join(f'{n} {k}' for k, n in
+                                          sorted(counts.items())))
+  return '\n'.join(lines)
+
+
+def winner_command(rows: list[dict], spec: str, overrides: list[str]
+                   ) -> str | None:
+  best = next((r for r in rows if r['rank'] == 1), None)
+  if best is None:
+    return None
+  fields = ('data', 'fsdp', 'tensor')
+  flags_ = [f'--config.mesh.{k}={best[k]}' for k in fields] + [
+      f'--config.model.remat={best["remat"]}',
+      f'--config.model.param_dtype={best["param_dtype"]}',
+      f'--config.loss_chunk_size={best["loss_chunk_size"]}',
+      f'--config.batch_size={best["batch_size"]}',
+      f'--config.eval_batch_size={best["batch_size"]}',
+      f'--config.optim.grad_accum_steps={best["grad_accum_steps"]}']
+  keep = [o for o in overrides
+          if o.split('=')[0] not in {f.split('=')[0] for f in flags_}]
+  return shlex.join(['python', 'train.py', '--config', spec, *keep, *flags_])
+
+
+@cli.entry_point('plan.py')
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  cfg, spec, overrides, values = parse_args(argv)
+  rows_per_update = global_batch(cfg, values)
+  where = search.Where.target(values.target, values.slices)
+  rows = search.plan(cfg, spec, where, rows_per_update, values.budget_s,
+                     values.cache_dir or None)
+  if values.output:
+    with open(values.output, 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in rows)
+  print(table(rows))
+  command = winner_command(rows, spec, overrides)
+  if command is None:
+    print(f'No layout of {spec} fits {values.target} at {rows_per_update} '
+          f'rows an update among those compiled; {memory.ADVICE}.')
+    return 1
+  best = rows[0]
+  own = next(r for r in rows if r['shipped'])
+  print(f'\nFastest that fits: {best["layout"]}, '
+        f'{best["predicted_step_s"] * 1e3:.1f} ms an update, MFU bound '
+        f'{best["mfu_bound"]:.0%} (the config\'s own layout: '
+        f'{_own(own)}).\n{command}')
+  return 0
+
+
+def _own(row: dict) -> str:
+  if row['predicted_step_s']:
+    return (f'{row["predicted_step_s"] * 1e3:.1f} ms, MFU bound '
+            f'{row["mfu_bound"]:.0%}')
+  return 'does not fit' if row['fits'] is False else row['status']
+
+
+if __name__ == '__main__':
+  sys.exit(main())

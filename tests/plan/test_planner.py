@@ -1,0 +1,116 @@
+"""The planner's parts on CPU host devices: candidates, the FLOP count from
+HLO, the step-time model's arithmetic, and a small plan with its cache."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jax_transformer import cli
+from jax_transformer.errors import UsageError
+from jax_transformer.plan import candidates as cands
+from jax_transformer.plan import search, step_model
+from jax_transformer.train import hlo_stats
+
+
+def tiny_lm():
+  cfg = cli.load_config('lm_shakespeare:tiny')
+  cfg.model.update(num_heads=4, num_decoder_layers=2)
+  return cfg
+
+
+def test_every_candidate_makes_the_global_batch_from_whole_shards():
+  cfg = tiny_lm()
+  found = cands.enumerate_candidates(cfg, 8, 32)
+  meshes = {(c.data, c.fsdp, c.tensor) for c in found}
+  # tensor divides the 4 heads: 1, 2 or 4; data x fsdp the rest.
+  assert meshes == {(d, 8 // t // d, t) for t in (1, 2, 4)
+                    for d in (1, 2, 4, 8) if d <= 8 // t}
+  assert {c.remat for c in found} == set(cands.REMATS)
+  for c in found:
+    assert c.batch_size * c.grad_accum_steps == 32
+    assert c.batch_size % (c.data * c.fsdp) == 0
+
+
+def test_slices_keep_only_data_parallelism_between_them():
+  found = cands.enumerate_candidates(tiny_lm(), 8, 32, slices=2)
+  assert found and all(c.data % 2 == 0 for c in found)
+
+
+def test_a_candidate_as_flags_gives_back_its_config():
+  c = cands.Candidate(2, 2, 2, 'full', 'bfloat16', 8192, 16, 2)
+  cfg, _, _ = cli.parse_config_flags(
+      ['train.py', '--config', 'lm_shakespeare:tiny', *c.flags()])
+  assert dict(cfg.mesh) == {'data': 2, 'fsdp': 2, 'tensor': 2}
+  assert (cfg.model.remat, cfg.model.param_dtype, cfg.loss_chunk_size,
+          cfg.batch_size, cfg.optim.grad_accum_steps) == (
+              'full', 'bfloat16', 8192, 16, 2)
+  base = cli.load_config('lm_shakespeare:tiny')
+  assert c.apply(base).to_dict() == cfg.to_dict()
+
+
+def test_the_shipped_layout_resolves_the_free_mesh_axis():
+  cfg = cli.load_config('lm_1_3b')
+  own = cands.shipped(cfg, 64, 1024)
+  assert (own.data, own.fsdp, own.tensor) == (1, 64, 1)
+  assert (own.remat, own.loss_chunk_size, own.batch_size,
+          own.grad_accum_steps) == ('dots', 8192, 1024, 1)
+
+
+def test_matmul_flops_count_every_trip_of_a_scanned_body():
+  def f(w, x):
+    y, _ = jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)
+    return y.sum()
+  hlo = jax.jit(jax.grad(f)).lower(
+      jnp.ones((3, 64, 64)), jnp.ones((8, 64))).compile().as_text()
+  per_step, once = hlo_stats.dot_flops(hlo)
+  forward = 3 * 2 * 8 * 64 * 64   # three layers of an 8 x 64 @ 64 x 64
+  assert per_step == 3 * forward  # and the backward's two matmuls each
+  assert once < per_step          # each body counted once
+
+
+def test_the_model_adds_parts_on_host_devices_and_takes_the_longest_on_chips():
+  cost = step_model.StepCost(flops=2e12, hbm_bytes=1e9, link_bytes=3e9,
+                             collectives=10, collective_bytes={},
+                             attention_kernels=[])
+  chip = step_model.Rates('chip', 1e12, 1e9, 1e9, None, overlap=True)
+  host = step_model.Rates('host', 1e12, 1e9, 1e9, None, overlap=False,
+                          collective_latency_s=0.1)
+  on_chip = step_model.predict(cost, chip, 2, 1e12, 1)
+  assert on_chip['predicted_step_s'] == pytest.approx(2 * 3.0)
+  assert on_chip['mfu_bound'] == pytest.approx(1 / 6)
+  on_host = step_model.predict(cost, host, 1, 1e12, 1)
+  assert on_host['predicted_step_s'] == pytest.approx(2 + 1 + 3 + 1)
+
+
+def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
+  cfg = tiny_lm()
+  cfg.mesh.update(data=-1, fsdp=1, tensor=1)
+  rates = step_model.Rates('host', 1e11, 1e10, 1e9, 10 ** 9, overlap=False)
+  where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
+  layouts = [cands.Candidate(1, 8, 1, 'none', 'float32', 0, 16, 1),
+             cands.Candidate(2, 1, 4, 'full', 'float32', 0, 16, 1)]
+  rows = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
+                     vocab_size=64, only=layouts, log=lambda _: None)
+  assert len(rows) == 3 and sum(r['shipped'] for r in rows) == 1
+  own = next(r for r in rows if r['shipped'])
+  assert (own['data'], own['fsdp'], own['tensor']) == (8, 1, 1)
+  for r in rows:
+    assert r['status'] == 'compiled' and r['fits']
+    assert r['per_chip_bytes'] > 0 and r['compile_s'] > 0
+    assert r['predicted_step_s'] > 0 and 0 < r['mfu_bound'] < 1
+  assert [r['rank'] for r in rows] == [1, 2, 3]
+  assert [r['predicted_step_s'] for r in rows] == sorted(
+      r['predicted_step_s'] for r in rows)
+  again = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
+                      vocab_size=64, only=layouts, log=lambda _: None)
+  assert {r['status'] for r in again} == {'cached'}
+  assert [r['predicted_step_s'] for r in again] == [
+      r['predicted_step_s'] for r in rows]
+
+
+def test_a_batch_no_layout_can_split_is_one_sentence():
+  rates = step_model.Rates('host', 1e11, 1e10, 1e9, None, overlap=False)
+  where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
+  with pytest.raises(UsageError, match='cannot be split over 8 chips'):
+    search.plan(tiny_lm(), 'tiny', where, 3, cache_dir=None, vocab_size=64,
+                log=lambda _: None)
