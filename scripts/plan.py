@@ -96,7 +96,7 @@ def table(rows: list[dict]) -> str:
   for r in shown:
     need = memory.readable(r['per_chip_bytes']) if r['per_chip_bytes'] \
         else '-'
-    ms = (f'{r["predicted_step_s"] * 1e3:9.1f}' if r['predicted_step_s']
+    ms = (f'{r["predicted_step_s"] * 1e3:9.3g}' if r['predicted_step_s']
           else '        -')
     mfu = f'{r["mfu_bound"]:9.0%}' if r['mfu_bound'] else '        -'
     mark = ' (shipped)' if r['shipped'] else ''
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
   best = rows[0]
   own = next(r for r in rows if r['shipped'])
   print(f'\nFastest that fits: {best["layout"]}, '
-        f'{best["predicted_step_s"] * 1e3:.1f} ms an update, MFU bound '
+        f'{best["predicted_step_s"] * 1e3:.3g} ms an update, MFU bound '
         f'{best["mfu_bound"]:.0%} (the config\'s own layout: '
         f'{_own(own)}).\n{command}')
   return 0
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
 
 def _own(row: dict) -> str:
   if row['predicted_step_s']:
-    return (f'{row["predicted_step_s"] * 1e3:.1f} ms, MFU bound '
+    return (f'{row["predicted_step_s"] * 1e3:.3g} ms, MFU bound '
             f'{row["mfu_bound"]:.0%}')
   return 'does not fit' if row['fits'] is False else row['status']
 

@@ -159,10 +159,14 @@ class Sizer:
     self.setups, self.states = {}, {}
 
   def setup(self, cfg) -> experiment.Setup:
-    key = (cfg.model.remat, cfg.model.param_dtype,
-           cfg.optim.grad_accum_steps)
+    model_key = (cfg.model.remat, cfg.model.param_dtype)
+    key = (*model_key, cfg.optim.grad_accum_steps)
     if key not in self.setups:
-      self.setups[key] = experiment.setup(cfg, self.vocab_size)
+      base = self.setups.get(model_key)
+      if base is None:
+        base = self.setups[model_key] = experiment.setup(cfg,
+                                                          self.vocab_size)
+      self.setups[key] = experiment.with_optimizer(base, cfg)
     return self.setups[key]
 
   def state(self, cfg, setup, mesh) -> tuple[Any, Any, int]:
@@ -170,7 +174,7 @@ class Sizer:
     on mesh."""
     if id(setup) not in self.states:
       self.states[id(setup)] = (
-          setup.abstract_state(cfg.seed),
+          experiment.abstract_state_of(setup, cfg.seed),
           sum(x.size for x in setup.abstract_params.values()), {})
     abstract_state, params, placed = self.states[id(setup)]
     key = tuple(mesh.shape.values())
@@ -334,7 +338,7 @@ def _compiled_row(s: Sized, result: dict, spec, where, global_batch
 def _progress(row: dict) -> str:
   need = memory.readable(row['per_chip_bytes'] or 0)
   verdict = 'fits' if row['fits'] else 'does not fit'
-  time_s = (f', {row["predicted_step_s"] * 1e3:.1f} ms an update, MFU bound '
+  time_s = (f', {row["predicted_step_s"] * 1e3:.3g} ms an update, MFU bound '
             f'{row["mfu_bound"]:.0%}' if row.get('predicted_step_s') else '')
   return (f'  {row["layout"]}: {verdict} ({need} a chip){time_s}; '
           f'{row["status"]} in {row["compile_s"] or 0:.0f} s')

@@ -66,3 +66,20 @@ def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:
   schedule = optim.make_schedule(cfg.optim, mc.d_model, cfg.num_steps)
   tx = optim.make_optimizer(cfg.optim, schedule, abstract_params)
   return Setup(mc, cls, model_def, abstract_params, schedule, tx)
+
+
+def with_optimizer(base: Setup, cfg: ml_collections.ConfigDict) -> Setup:
+  """base with cfg's schedule and optimizer (e.g. another gradient
+  accumulation), its model unchanged: no model is built again."""
+  schedule = optim.make_schedule(cfg.optim, base.model_config.d_model,
+                                 cfg.num_steps)
+  return dataclasses.replace(
+      base, schedule=schedule,
+      tx=optim.make_optimizer(cfg.optim, schedule, base.abstract_params))
+
+
+def abstract_state_of(setup: Setup, seed: int = 0) -> dict[str, Any]:
+  """setup.abstract_state() from its abstract parameters: the optimizer
+  state's shapes without initialising a model."""
+  return jax.eval_shape(lambda p: train_state(p, setup.tx, seed),
+                        setup.abstract_params)

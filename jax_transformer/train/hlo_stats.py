@@ -26,6 +26,9 @@ _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r'\bs32\[\]\S* constant\((\d+)\)')
 _NAME = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
 _DOT = re.compile(r' dot\(%?([\w.\-]+), ')
+# A TPU's compiler writes matmuls as convolutions: dim_labels=LHS_RHS->OUT.
+_CONVOLUTION = re.compile(r' convolution\(%?[\w.\-]+, %?([\w.\-]+)\)')
+_RHS_LABELS = re.compile(r'dim_labels=[^_]*_([^-]*)->')
 _LHS_CONTRACTING = re.compile(r'lhs_contracting_dims=\{([\d,]*)\}')
 _OPERANDS = re.compile(r' [\w\-]+\(([^)]*)\)')
 _FUSED = re.compile(r' fusion\(.*\bcalls=%?([\w.\-]+)')
@@ -107,12 +110,34 @@ def _instructions(comps: dict[str, list[str]]):
         yield name, match.group(2), match.group(1), line
 
 
+def _matmul_flops(op: str, shape: str, line: str,
+                  shapes: dict[str, str]) -> float:
+  """2 x multiply-adds of a dot (result x contracted size) or of a
+  convolution (result x the kernel's size but its output features)."""
+  if op == 'dot':
+    operand = _DOT.search(line)
+    contracting = _LHS_CONTRACTING.search(line)
+    if not operand or not contracting:
+      return 0.0
+    lhs = _dims(shapes.get(operand.group(1), ''))
+    per_output = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')
+                          if i and int(i) < len(lhs)] or [1])
+  elif op == 'convolution':
+    operand, labels = _CONVOLUTION.search(line), _RHS_LABELS.search(line)
+    rhs = _dims(shapes.get(operand.group(1), '')) if operand else []
+    if not rhs or not labels or 'o' not in labels.group(1):
+      return 0.0
+    per_output = np.prod(rhs) / rhs[labels.group(1).index('o')]
+  else:
+    return 0.0
+  return 2.0 * float(np.prod(_dims(shape) or [1])) * float(per_output)
+
+
 def dot_flops(hlo: str) -> tuple[float, float]:
-  """Matmul FLOPs of the HLO's ``dot`` instructions: (per step, each
-  computation counted once as ``cost_analysis()`` counts it). 2 x the
-  result's elements x the contracted size; a rematerialized matmul counts
-  each time it runs. The ratio of the two is how much XLA's cost figures
-  undercount a step with loops."""
+  """Matmul FLOPs of the HLO's ``dot`` and ``convolution`` instructions:
+  (per step, each computation counted once as ``cost_analysis()`` counts
+  it). A rematerialized matmul counts each time it runs. The ratio of the
+  two is how much XLA's cost figures undercount a step with loops."""
   comps, entry = _computations(hlo)
   runs = _runs(comps, entry) if entry else {}
   shapes = {}
@@ -120,14 +145,7 @@ def dot_flops(hlo: str) -> tuple[float, float]:
     shapes[_NAME.match(line).group(1)] = shape
   per_step = once = 0.0
   for name, op, shape, line in _instructions(comps):
-    operand = _DOT.search(line)
-    if op != 'dot' or not operand:
-      continue
-    lhs = _dims(shapes.get(operand.group(1), ''))
-    contracting = _LHS_CONTRACTING.search(line)
-    size = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')
-                    if i and int(i) < len(lhs)] or [1]) if contracting else 1
-    flops = 2.0 * float(np.prod(_dims(shape) or [1])) * float(size)
+    flops = _matmul_flops(op, shape, line, shapes)
     once += flops
     per_step += flops * runs.get(name, 0)
   return per_step, once

@@ -114,3 +114,20 @@ def test_a_batch_no_layout_can_split_is_one_sentence():
   with pytest.raises(UsageError, match='cannot be split over 8 chips'):
     search.plan(tiny_lm(), 'tiny', where, 3, cache_dir=None, vocab_size=64,
                 log=lambda _: None)
+
+
+def test_a_setup_with_another_accumulation_has_the_same_state_shapes():
+  from jax_transformer.train import experiment
+  cfg = tiny_lm()
+  accumulating = cfg.copy_and_resolve_references()
+  accumulating.optim.grad_accum_steps = 4
+  built = experiment.setup(accumulating, 64)
+  derived = experiment.with_optimizer(experiment.setup(cfg, 64),
+                                      accumulating)
+  want = built.abstract_state(0)
+  got = experiment.abstract_state_of(derived, 0)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  assert jax.tree.leaves(jax.tree.map(lambda a, b: (a.shape, a.dtype) == (
+      b.shape, b.dtype), got, want)) == [True] * len(jax.tree.leaves(want))
+  assert len(jax.tree.leaves(want)) > len(jax.tree.leaves(
+      experiment.setup(cfg, 64).abstract_state(0)))  # the accumulator
