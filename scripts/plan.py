@@ -96,12 +96,12 @@ def table(rows: list[dict]) -> str:
   for r in shown:
     need = memory.readable(r['per_chip_bytes']) if r['per_chip_bytes'] \
         else '-'
-    ms = (f'{r["predicted_step_s"] * 1e3:9.3g}' if r['predicted_step_s']
-          else '        -')
+    ms = (search.milliseconds(r['predicted_step_s']).removesuffix(' ms')
+          if r['predicted_step_s'] else '-')
     mfu = f'{r["mfu_bound"]:9.0%}' if r['mfu_bound'] else '        -'
     mark = ' (shipped)' if r['shipped'] else ''
     lines.append(f'{r["rank"] or "-":>4}  {(r["layout"] + mark):64.64} '
-                 f'{need:>10}  {"yes" if r["fits"] else "no ":>4} {ms}  '
+                 f'{need:>10}  {"yes" if r["fits"] else "no ":>4} {ms:>9}  '
                  f'{mfu}  {r["compile_s"] or 0:5.0f} s')
   counts = {}
   for r in rows:
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
   best = rows[0]
   own = next(r for r in rows if r['shipped'])
   print(f'\nFastest that fits: {best["layout"]}, '
-        f'{best["predicted_step_s"] * 1e3:.3g} ms an update, MFU bound '
+        f'{search.milliseconds(best["predicted_step_s"])} an update, MFU bound '
         f'{best["mfu_bound"]:.0%} (the config\'s own layout: '
         f'{_own(own)}).\n{command}')
   return 0
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
 
 def _own(row: dict) -> str:
   if row['predicted_step_s']:
-    return (f'{row["predicted_step_s"] * 1e3:.3g} ms, MFU bound '
+    return (f'{search.milliseconds(row["predicted_step_s"])}, MFU bound '
             f'{row["mfu_bound"]:.0%}')
   return 'does not fit' if row['fits'] is False else row['status']
 

@@ -39,6 +39,9 @@ from jax_transformer.train import trainer
 # overestimate would not fit.
 ESTIMATE_ERROR = 1.2
 REMAT_RECOMPUTE = {'none': 1.0, 'dots': 1.05, 'full': 4 / 3}
+# Part of each cache key: a change to what a compiled result holds (the
+# cost counted from the HLO) makes older entries miss.
+COST_VERSION = 3
 DEFAULT_CACHE = os.path.join(os.path.expanduser('~'), '.cache',
                              'jax_transformer', 'plan')
 
@@ -80,9 +83,11 @@ def _src_len(cfg, mc) -> int:
 def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
           num_params: int, where: Where) -> float:
   """Seconds per update by counting, without compiling: the model's FLOPs
-  (with remat's recompute) at peak, against the bytes FSDP gathers and
+  (with remat's recompute) at peak, plus the bytes FSDP gathers and
   scatters, data parallelism all-reduces and tensor parallelism moves
-  between layers, at link speed. Only orders the compiles."""
+  between layers, at link speed (both in full, as if nothing overlapped:
+  a layout that moves more per FLOP, such as many accumulation steps each
+  gathering every weight, comes later). Only orders the compiles."""
   rates, chips = where.rates, where.chips
   flops = perf.step_flops(mc, c.batch_size, _src_len(cfg, mc),
                           cfg.seq_len)['train']
@@ -99,9 +104,7 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
     trips = 6 if c.remat == 'full' else 4
     moved += (trips * layers * 2 * rows * cfg.seq_len * mc.d_model * 2
               * (c.tensor - 1) / c.tensor)
-  link = moved / rates.link_bytes_per_s
-  step = max(compute, link) if rates.overlap else compute + link
-  return c.grad_accum_steps * step
+  return c.grad_accum_steps * (compute + moved / rates.link_bytes_per_s)
 
 
 class Cache:
@@ -115,7 +118,8 @@ class Cache:
 
   def key(self, lowered, where: Where) -> str:
     text = lowered.as_text()
-    salt = f'{where.name}/{where.slices}/{where.platform}/{jax.__version__}'
+    salt = (f'{where.name}/{where.slices}/{where.platform}/'
+            f'{jax.__version__}/{COST_VERSION}')
     return hashlib.sha256((salt + '\n' + text).encode()).hexdigest()[:32]
 
   def get(self, key: str) -> dict | None:
@@ -287,12 +291,17 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
 
 
 def rank(rows: list[dict]) -> list[dict]:
-  """Rows best first: fitting compiled ones by predicted time per update,
-  then the rest (by guessed time); each fitting row numbered."""
+  """Rows best first: fitting compiled ones by predicted time per update
+  (to the microsecond), then the rest (by guessed time); each fitting row
+  numbered."""
   def order(r):
     fitting = bool(r['fits']) and r['predicted_step_s'] is not None
+    # Equal bounds (compute-bound layouts) go to the one whose overlapped
+    # parts, HBM and links, leave the most slack, then the least memory.
+    slack = r.get('hbm_s', 0.0) + r.get('link_s', 0.0)
     return (r['status'] == 'invalid', not fitting,
-            r['predicted_step_s'] or r.get('guess_step_s') or 0.0)
+            round(r['predicted_step_s'] or r.get('guess_step_s') or 0.0, 6),
+            round(slack, 6), r['per_chip_bytes'] or 0)
   rows = sorted(rows, key=order)
   for i, r in enumerate(rows):
     r['rank'] = i + 1 if r.get('fits') and r.get('predicted_step_s') else None
@@ -335,10 +344,18 @@ def _compiled_row(s: Sized, result: dict, spec, where, global_batch
   return row
 
 
+def milliseconds(seconds: float) -> str:
+  """'1050 ms', '12.4 ms', '0.118 ms'."""
+  ms = seconds * 1e3
+  return f'{ms:.0f} ms' if ms >= 100 else f'{ms:.3g} ms'
+
+
 def _progress(row: dict) -> str:
   need = memory.readable(row['per_chip_bytes'] or 0)
   verdict = 'fits' if row['fits'] else 'does not fit'
-  time_s = (f', {row["predicted_step_s"] * 1e3:.3g} ms an update, MFU bound '
+  time_s = (f', {milliseconds(row["predicted_step_s"])} an update, MFU bound '
             f'{row["mfu_bound"]:.0%}' if row.get('predicted_step_s') else '')
-  return (f'  {row["layout"]}: {verdict} ({need} a chip){time_s}; '
-          f'{row["status"]} in {row["compile_s"] or 0:.0f} s')
+  how = ('found in the cache' if row['status'] == 'cached' else
+         row['status'])
+  return (f'  {row["layout"]}: {verdict} ({need} a chip){time_s}; {how} '
+          f'(compiled in {row["compile_s"] or 0:.0f} s)')

@@ -2,19 +2,20 @@
 
 Per chip, from the optimized HLO and XLA's cost analysis of one step:
 
-* ``flops``: the matmul FLOPs the step executes (``hlo_stats.dot_flops``,
-  each loop body times its trips, a rematerialized matmul each time it
-  runs), plus XLA's other FLOPs, plus a fused attention kernel's (a custom
-  call XLA cannot see into: 3.5x attention's forward FLOPs, the backward's
-  four matmuls and its recomputed scores);
-* ``hbm_bytes``: XLA's bytes accessed, scaled from one pass over each loop
-  body to the step by the ratio of the kernels' bytes per step to their
-  bytes with each body counted once (``hlo_stats.memory_bytes``);
+* ``flops``: XLA's FLOPs, which count each loop body once, scaled to the
+  step by the ratio of the matmuls' FLOPs per step (each body times its
+  trips, a rematerialized matmul each time it runs) to their FLOPs with
+  each body once (``hlo_stats.dot_flops``); plus a fused attention
+  kernel's (a custom call XLA cannot see into: 3.5x attention's forward
+  FLOPs, the backward's four matmuls and its recomputed scores);
+* ``hbm_bytes``: XLA's bytes accessed, scaled likewise by the kernels'
+  bytes per step over their bytes with each body once
+  (``hlo_stats.memory_bytes``);
 * ``link_bytes``: the collectives' bytes per step (an all-reduce twice).
 
 Against one chip's rates::
 
-    compute_s = flops / peak FLOP/s
+    compute_s = max(flops, the model's FLOPs) / peak FLOP/s
     memory_s  = hbm_bytes / HBM bytes per s
     link_s    = link_bytes / link bytes per s + collectives x latency
     step_s    = max(compute_s, memory_s, link_s)    accelerators (overlap)
@@ -132,17 +133,20 @@ class StepCost:
     """The compiled step's cost; attention_train_flops_per_chip counts
     toward it when a fused attention kernel hides them from XLA."""
     hlo = compiled.as_text()
-    dots, dots_once = hlo_stats.dot_flops(hlo)
-    moved, moved_once = hlo_stats.memory_bytes(hlo)
     cost = target_report.xla_cost(compiled)
-    scale = moved / moved_once if moved_once else 1.0
-    flops = dots + max(0.0, cost.get('flops', 0.0) - dots_once) * scale
+    flops, flops_once = hlo_stats.dot_flops(hlo)
+    moved, moved_once = hlo_stats.memory_bytes(hlo)
+    # XLA's figures count each loop body once: scaled to the step by the
+    # matmuls' (FLOPs) and the kernels' (bytes) ratio of per step to once.
+    if cost.get('flops') and flops_once:
+      flops = cost['flops'] * flops / flops_once
+    hbm = cost.get('bytes accessed', moved_once) * (
+        moved / moved_once if moved_once else 1.0)
     kernels = hlo_stats.attention_kernels(hlo)
     if kernels:
       flops += attention_train_flops_per_chip
     collective = hlo_stats.collective_bytes(hlo)
-    return cls(flops, cost.get('bytes accessed', 0.0) * scale,
-               hlo_stats.link_bytes(collective),
+    return cls(flops, hbm, hlo_stats.link_bytes(collective),
                hlo_stats.collective_launches(hlo), collective, kernels)
 
   def to_json(self) -> dict[str, Any]:
@@ -153,7 +157,10 @@ def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
             model_flops_per_update: float, chips: int) -> dict[str, float]:
   """The step's parts in seconds, the predicted time of one optimizer
   update (grad_accum_steps steps) and the MFU bound it gives."""
-  compute = cost.flops / rates.peak_flops
+  # At least the model's own FLOPs: XLA's count of a kernel can fall
+  # short of them (a causal block it skips, a matmul it writes another way).
+  model_per_step = model_flops_per_update / grad_accum_steps / chips
+  compute = max(cost.flops, model_per_step) / rates.peak_flops
   hbm = cost.hbm_bytes / rates.hbm_bytes_per_s
   link = (cost.link_bytes / rates.link_bytes_per_s
           + cost.collectives * rates.collective_latency_s)

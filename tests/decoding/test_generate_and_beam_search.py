@@ -422,6 +422,7 @@ BIG_SOURCES = np.random.RandomState(0).randint(3, V, (8, 7))
 BIG_SOURCES[::3, 5:] = 0  # mixed lengths
 
 
+@pytest.mark.slow
 def test_sharded_decoding_equals_unsharded():
   assert jax.device_count() == 8
   m = model('ed-pre')

@@ -3,6 +3,7 @@
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
@@ -69,6 +70,7 @@ def test_compiled_step_shards_activations_as_the_rules_say():
   assert f'f32[{B // 4},{T},{F // 2}]' in hlo
 
 
+@pytest.mark.slow
 def test_constrained_step_equals_one_device():
   one = _setup({'data': 1, 'fsdp': 1, 'tensor': 1})
   eight = _setup({'data': 2, 'fsdp': 2, 'tensor': 2})

@@ -56,7 +56,8 @@ def test_packed_encoder_decoder_equals_each_pair_alone():
   np.testing.assert_allclose(out[0, 3:8], alone2[0], atol=1e-5)
 
 
-@pytest.mark.parametrize('norm_first', [False, True])
+@pytest.mark.parametrize('norm_first', [
+    pytest.param(False, marks=pytest.mark.slow), True])
 def test_lm_prefill_and_steps_equal_the_full_forward(norm_first):
   model = jt.DecoderLM(LM.replace(norm_first=norm_first), nnx.Rngs(2))
   ids = jnp.asarray(np.random.RandomState(0).randint(1, 53, (2, 9)))
@@ -71,7 +72,8 @@ def test_lm_prefill_and_steps_equal_the_full_forward(norm_first):
   assert int(cache.index) == 9
 
 
-@pytest.mark.parametrize('norm_first', [False, True])
+@pytest.mark.parametrize('norm_first', [
+    pytest.param(False, marks=pytest.mark.slow), True])
 def test_encoder_decoder_cached_steps_equal_the_full_forward(norm_first):
   model = jt.EncoderDecoder(ED.replace(norm_first=norm_first), nnx.Rngs(3))
   rs = np.random.RandomState(0)
@@ -88,6 +90,7 @@ def test_encoder_decoder_cached_steps_equal_the_full_forward(norm_first):
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_right_padded_prompts_continue_at_their_own_positions():
   """A short prompt's padding slots are skipped by later tokens."""
   model = jt.DecoderLM(LM, nnx.Rngs(4))

@@ -91,6 +91,7 @@ def test_every_layout_and_remat_policy_gives_the_same_loss_and_gradients(
                                  atol=1e-6, err_msg=(scan, remat, name))
 
 
+@pytest.mark.slow
 def test_dropout_is_the_same_scanned_or_unrolled_under_remat():
   """Scan and remat give each layer its own key: the same masks either way
   (the plain loop keeps drawing call by call, as before)."""
@@ -104,6 +105,7 @@ def test_dropout_is_the_same_scanned_or_unrolled_under_remat():
   assert abs(float(got) - float(no_dropout)) > 1e-3
 
 
+@pytest.mark.slow
 def test_remat_saves_less_for_the_backward_pass():
   """XLA's temporaries for the gradient: full < dots < none."""
   def temp_bytes(remat):

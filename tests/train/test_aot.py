@@ -17,6 +17,7 @@ def small(layers, scan, remat='dots'):
   return cfg
 
 
+@pytest.mark.slow
 def test_compiles_at_fsdp_x_tensor_without_running():
   proof = aot.prove(small(4, True), vocab_size=256)
   assert proof.num_params > 0 and proof.compile_s > 0

@@ -75,6 +75,7 @@ def test_training_logged_bleu(ende_workdir):
   assert evals and all('eval_bleu' in r and 'eval_chrf' in r for r in evals)
 
 
+@pytest.mark.slow
 def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
                                                     monkeypatch):
   translate = evaluation.translate

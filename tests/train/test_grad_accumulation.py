@@ -126,6 +126,7 @@ def test_the_run_ends_at_the_schedules_end_value():
   np.testing.assert_allclose(schedule(counts[0][1]), 1e-4, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
   cfg = tiny_cfg(2, 'adamw')
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
