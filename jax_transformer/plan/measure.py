@@ -48,7 +48,7 @@ def step_runner(cfg: ml_collections.ConfigDict, devices: list,
 
 def measure(base: ml_collections.ConfigDict,
             layouts: list[cands.Candidate], devices: list, vocab_size: int,
-            rounds: int = 5, warmup: int = 2) -> list[float]:
+            rounds: int = 5, warmup: int = 1) -> list[float]:
   """Median seconds per optimizer update of each layout (its step time x
   grad_accum_steps), in rounds interleaved over the layouts so that the
   host's load falls on all alike."""

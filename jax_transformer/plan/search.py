@@ -273,7 +273,15 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
                              status='skipped', reason='no time left'))
       continue
     began = time.perf_counter()
-    result = compile_candidate(s, where, cache, vocab_size)
+    try:
+      result = compile_candidate(s, where, cache, vocab_size)
+    except Exception as err:  # pylint: disable=broad-except
+      # One layout the compiler rejects is a row, not the end of the plan.
+      reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+      rows.append(_sized_row(s, spec, where, global_batch, status='error',
+                             reason=reason[:300]))
+      log(f'  {s.candidate.describe()}: did not compile: {reason[:200]}')
+      continue
     if result['status'] == 'compiled':
       spent.append(time.perf_counter() - began)
     if result['fingerprint'] in seen and not s.shipped:

@@ -133,7 +133,8 @@ def _unpacked_batch(kind):
           'tgt_segment_ids': seg, 'tgt_positions': pos}
 
 
-@pytest.mark.parametrize('kind', ['lm', 'translation'])
+@pytest.mark.parametrize('kind', [
+    'lm', pytest.param('translation', marks=pytest.mark.slow)])
 def test_unpacked_step_loss_and_gradients_equal_the_segment_path(kind):
   """packed=False (lengths) and packed=True (segments) on the batcher's
   unpacked rows: same loss sums and gradients."""

@@ -196,7 +196,8 @@ def test_torch_compat_and_safetensors_names_do_not_depend_on_layout(tmp_path):
                              atol=1e-5)
 
 
-@pytest.mark.parametrize('cls', [DecoderLM, EncoderDecoder])
+@pytest.mark.parametrize('cls', [
+    DecoderLM, pytest.param(EncoderDecoder, marks=pytest.mark.slow)])
 def test_decoding_gives_the_same_tokens_in_both_layouts(cls):
   rs = np.random.RandomState(2)
   ids = jnp.asarray(rs.randint(3, V, (B, 4)), jnp.int32)

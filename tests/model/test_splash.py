@@ -133,8 +133,8 @@ def assert_models_agree(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('kv_heads', [pytest.param(None, marks=pytest.mark.slow),
-                                      2])
+@pytest.mark.slow
+@pytest.mark.parametrize('kv_heads', [None, 2])
 def test_a_packed_lm_step_equals_xla(kv_heads):
   ids = jnp.asarray(np.random.default_rng(1).integers(1, 64, (B, T)))
   segments = jnp.asarray(SEGMENTS)

@@ -65,6 +65,7 @@ def test_2x2x2_mesh_step_equals_single_device():
                                err_msg=key)
 
 
+@pytest.mark.slow
 def test_loss_falls_when_overfitting_one_batch():
   cfg = tiny_cfg(data=-1)
   cfg.model.dropout_rate = 0.0
