@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -299,17 +300,22 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
 
 
 def rank(rows: list[dict]) -> list[dict]:
-  """Rows best first: fitting compiled ones by predicted time per update
-  (to the microsecond), then the rest (by guessed time); each fitting row
-  numbered."""
+  """Rows best first: fitting compiled ones by predicted time per update,
+  then the rest (by guessed time); each fitting row numbered.
+
+  Predictions within 0.5% of each other are a tie (compute-bound layouts
+  all meet the same bound). A tie goes to float32 parameters (bfloat16
+  ones change the training: weights and Adam's moments updated in
+  bfloat16), then to the layout whose overlapped parts, HBM and links,
+  leave the most slack, then to the least memory."""
   def order(r):
     fitting = bool(r['fits']) and r['predicted_step_s'] is not None
-    # Equal bounds (compute-bound layouts) go to the one whose overlapped
-    # parts, HBM and links, leave the most slack, then the least memory.
+    seconds = r['predicted_step_s'] or r.get('guess_step_s') or 0.0
+    tier = round(math.log(seconds) / math.log(1.005)) if seconds > 0 else 0
     slack = r.get('hbm_s', 0.0) + r.get('link_s', 0.0)
-    return (r['status'] == 'invalid', not fitting,
-            round(r['predicted_step_s'] or r.get('guess_step_s') or 0.0, 6),
-            round(slack, 6), r['per_chip_bytes'] or 0)
+    return (r['status'] == 'invalid', not fitting, tier,
+            r['param_dtype'] != 'float32', round(slack, 6),
+            r['per_chip_bytes'] or 0)
   rows = sorted(rows, key=order)
   for i, r in enumerate(rows):
     r['rank'] = i + 1 if r.get('fits') and r.get('predicted_step_s') else None

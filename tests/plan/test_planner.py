@@ -99,8 +99,8 @@ def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
     assert r['per_chip_bytes'] > 0 and r['compile_s'] > 0
     assert r['predicted_step_s'] > 0 and 0 < r['mfu_bound'] < 1
   assert [r['rank'] for r in rows] == [1, 2, 3]
-  assert [r['predicted_step_s'] for r in rows] == sorted(
-      r['predicted_step_s'] for r in rows)
+  times = [r['predicted_step_s'] for r in rows]
+  assert all(a <= b * 1.005 for a, b in zip(times, times[1:]))  # ties: 0.5%
   again = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
                       vocab_size=64, only=layouts, log=lambda _: None)
   assert {r['status'] for r in again} == {'cached'}
