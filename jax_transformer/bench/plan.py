@@ -7,7 +7,8 @@ measured. On CPU host devices: the eight layouts of the small LM the suite
 checks (``plan/measure.py``). A row per layout (predicted and measured
 seconds an update, their ratio), then a summary row: Spearman's rank
 correlation and whether the predicted fastest is the measured fastest
-(within 5%, the rounds' noise).
+(within 10%: near-equal layouts trade places from run to run on a shared
+host).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from jax_transformer.plan import measure, search
 
 VOCAB = 32768
 TOP = 3
+TIE = 1.10  # measured times this close count as the same
 
 
 def _layouts_planned(cfg, where, budget_s: float) -> list[cands.Candidate]:
@@ -57,5 +59,5 @@ def summary(rows: list[dict]) -> dict:
   pick = measured[predicted.index(min(predicted))]
   return {'suite': 'plan', 'layouts': len(rows),
           'spearman': measure.spearman(predicted, measured),
-          'top_choice_agrees': pick <= 1.05 * min(measured),
+          'top_choice_agrees': pick <= TIE * min(measured),
           'top_choice_measured_over_best': pick / min(measured)}

@@ -3,7 +3,9 @@ the target's compiler.
 
 Every candidate (``candidates.py``) is first sized by the pre-flight
 estimate (``train/memory.py``): one over the chip's memory by more than
-the estimate's error is pruned. The survivors are ordered by a guess made
+the estimate's error is pruned, and as compiles come in, one whose
+estimate times the lowest ratio of the compiler's figure to the
+estimate seen for its remat policy is over the chip's memory. The survivors are ordered by a guess made
 without compiling (``guess``: FLOPs and collective bytes counted from the
 model), and compiled in that order, the config's own layout first, while
 the time budget lasts; each compiled step's time comes from its
@@ -266,12 +268,23 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
       f'estimate ({time.perf_counter() - start:.0f} s).')
   survivors.sort(key=lambda s: (not s.shipped, s.guess_s, s.estimate_bytes))
   cache, spent, seen = Cache(cache_dir), [], {}
+  ratios = {}  # remat policy -> the compiler's bytes over the estimate's
   for s in survivors:
     elapsed = time.perf_counter() - start
     expected = statistics.median(spent) if spent else 0.0
     if not s.shipped and elapsed + expected > budget_s:
       rows.append(_sized_row(s, spec, where, global_batch,
                              status='skipped', reason='no time left'))
+      continue
+    seen_ratios = ratios.get(s.candidate.remat)
+    if capacity and seen_ratios and not s.shipped and (
+        s.estimate_bytes * min(seen_ratios) > capacity):
+      # The estimate recalibrated by this plan's compiles of the policy:
+      # even at the lowest ratio seen, it would not fit.
+      rows.append(_sized_row(
+          s, spec, where, global_batch, status='pruned', fits=False,
+          reason=f'estimate x {min(seen_ratios):.2f} (the compiler over the '
+                 f'estimate for remat {s.candidate.remat}) is over the chip'))
       continue
     began = time.perf_counter()
     try:
@@ -289,6 +302,9 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
       result['status'] = 'duplicate'
       result['same_as'] = seen[result['fingerprint']]
     seen.setdefault(result['fingerprint'], s.candidate.describe())
+    if result['per_chip_bytes'] and s.estimate_bytes:
+      ratios.setdefault(s.candidate.remat, []).append(
+          result['per_chip_bytes'] / s.estimate_bytes)
     row = _compiled_row(s, result, spec, where, global_batch)
     rows.append(row)
     log(_progress(row))
