@@ -131,3 +131,31 @@ def test_a_setup_with_another_accumulation_has_the_same_state_shapes():
       b.shape, b.dtype), got, want)) == [True] * len(jax.tree.leaves(want))
   assert len(jax.tree.leaves(want)) > len(jax.tree.leaves(
       experiment.setup(cfg, 64).abstract_state(0)))  # the accumulator
+
+
+def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
+    monkeypatch):
+  """A compiler that needs 3x the estimate: after the first compile, the
+  other candidates of its remat policy are pruned unseen."""
+  def compile_at_three_times(s, where, cache, vocab_size):
+    return {'per_chip_bytes': 3 * s.estimate_bytes, 'compile_s': 1.0,
+            'status': 'compiled', 'fingerprint': s.candidate.describe()}
+  monkeypatch.setattr(search, 'compile_candidate', compile_at_three_times)
+  cfg = tiny_lm()
+  cfg.mesh.update(data=-1, fsdp=1, tensor=1)
+  layouts = [cands.Candidate(d, 8 // d, 1, 'none', 'float32', 0, 16, 1)
+             for d in (1, 2, 4)]
+  sizer = search.Sizer(cfg, search.Where(
+      'here', tuple(jax.devices()), 'cpu',
+      step_model.Rates('x', 1e11, 1e10, 1e9, None)), 64)
+  smallest = min(sizer(c).estimate_bytes
+                 for c in layouts + [cands.shipped(cfg, 8, 16)])
+  rates = step_model.Rates('x', 1e11, 1e10, 1e9, 2 * smallest)
+  where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
+  rows = search.plan(cfg, 'tiny', where, 16, cache_dir=None, vocab_size=64,
+                     only=layouts, log=lambda _: None)
+  shipped = next(r for r in rows if r['shipped'])
+  assert shipped['status'] == 'compiled' and not shipped['fits']
+  others = [r for r in rows if not r['shipped']]
+  assert {r['status'] for r in others} == {'pruned'}
+  assert all('estimate x 3.00' in r['reason'] for r in others)
