@@ -27,8 +27,15 @@ _CONSTANT = re.compile(r'\bs32\[\]\S* constant\((\d+)\)')
 _NAME = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = ')
 _DOT = re.compile(r' dot\(%?([\w.\-]+), ')
 # A TPU's compiler writes matmuls as convolutions: dim_labels=LHS_RHS->OUT.
-_CONVOLUTION = re.compile(r' convolution\(%?[\w.\-]+, %?([\w.\-]+)\)')
-_RHS_LABELS = re.compile(r'dim_labels=[^_]*_([^-]*)->')
+_CONVOLUTION_OPERANDS = re.compile(
+    r' convolution\(%?([\w.\-]+), %?([\w.\-]+)\)')
+# A GPU's compiler calls cuBLAS for a matmul: a custom call whose backend
+# config holds the dot's dimensions.
+_GEMM = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)')
+_CALL_LHS = re.compile(r' custom-call\(%?([\w.\-]+)')
+_GEMM_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+_DIM_LABELS = re.compile(r'dim_labels=(\w+)_(\w+)->(\w+)')
+_WINDOW = re.compile(r'window=\{([^}]*)\}')
 _LHS_CONTRACTING = re.compile(r'lhs_contracting_dims=\{([\d,]*)\}')
 _OPERANDS = re.compile(r' [\w\-]+\(([^)]*)\)')
 _FUSED = re.compile(r' fusion\(.*\bcalls=%?([\w.\-]+)')
@@ -112,29 +119,63 @@ def _instructions(comps: dict[str, list[str]]):
 
 def _matmul_flops(op: str, shape: str, line: str,
                   shapes: dict[str, str]) -> float:
-  """2 x multiply-adds of a dot (result x contracted size) or of a
-  convolution (result x the kernel's size but its output features)."""
-  if op == 'dot':
-    operand = _DOT.search(line)
-    contracting = _LHS_CONTRACTING.search(line)
+  """2 x multiply-adds of a dot or a cuBLAS call (result x contracted
+  size) or of a convolution."""
+  if op == 'dot' or (op == 'custom-call' and _GEMM.search(line)):
+    operand = _DOT.search(line) or _CALL_LHS.search(line)
+    contracting = (_LHS_CONTRACTING.search(line)
+                   or _GEMM_CONTRACTING.search(line))
     if not operand or not contracting:
       return 0.0
     lhs = _dims(shapes.get(operand.group(1), ''))
-    per_output = np.prod([lhs[int(i)] for i in contracting.group(1).split(',')
-                          if i and int(i) < len(lhs)] or [1])
+    dims = re.findall(r'\d+', contracting.group(1))
+    per_output = np.prod([lhs[int(i)] for i in dims if int(i) < len(lhs)]
+                         or [1])
   elif op == 'convolution':
-    operand, labels = _CONVOLUTION.search(line), _RHS_LABELS.search(line)
-    rhs = _dims(shapes.get(operand.group(1), '')) if operand else []
-    if not rhs or not labels or 'o' not in labels.group(1):
-      return 0.0
-    per_output = np.prod(rhs) / rhs[labels.group(1).index('o')]
+    return _convolution_flops(shape, line, shapes)
   else:
     return 0.0
   return 2.0 * float(np.prod(_dims(shape) or [1])) * float(per_output)
 
 
+def _convolution_flops(shape: str, line: str, shapes: dict[str, str]
+                       ) -> float:
+  """2 x multiply-adds of a convolution that land on its input, not on
+  its padding (a TPU writes a matmul over heads as a window padded to
+  16x its input): out batch x out features x in features x, per spatial
+  dimension, the window positions inside the input summed over outputs."""
+  operands = _CONVOLUTION_OPERANDS.search(line)
+  labels = _DIM_LABELS.search(line)
+  if not operands or not labels:
+    return 0.0
+  lhs = _dims(shapes.get(operands.group(1), ''))
+  rhs = _dims(shapes.get(operands.group(2), ''))
+  out = _dims(shape)
+  lhs_l, rhs_l, out_l = labels.groups()
+  if not (len(lhs) == len(lhs_l) and len(rhs) == len(rhs_l)
+          and len(out) == len(out_l)):
+    return 0.0
+  window = _WINDOW.search(line)
+  fields = dict(f.split('=', 1) for f in window.group(1).split()) \
+      if window else {}
+  macs = float(out[out_l.index('b')] * out[out_l.index('f')]
+               * rhs[rhs_l.index('i')])
+  for label in (c for c in out_l if c.isdigit()):
+    size = int(fields['size'].split('x')[int(label)]) if 'size' in fields \
+        else 1
+    lo = int(fields['pad'].split('x')[int(label)].split('_')[0]) \
+        if 'pad' in fields else 0
+    stride = int(fields['stride'].split('x')[int(label)]) \
+        if 'stride' in fields else 1
+    n, outputs = lhs[lhs_l.index(label)], out[out_l.index(label)]
+    starts = np.arange(outputs) * stride - lo
+    inside = np.minimum(size, n - starts) - np.maximum(0, -starts)
+    macs *= float(np.clip(inside, 0, None).sum())
+  return 2.0 * macs
+
+
 def dot_flops(hlo: str) -> tuple[float, float]:
-  """Matmul FLOPs of the HLO's ``dot`` and ``convolution`` instructions:
+  """Matmul FLOPs of the HLO's ``dot``, ``convolution`` and cuBLAS calls:
   (per step, each computation counted once as ``cost_analysis()`` counts
   it). A rematerialized matmul counts each time it runs. The ratio of the
   two is how much XLA's cost figures undercount a step with loops."""
