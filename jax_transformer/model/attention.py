@@ -109,7 +109,14 @@ def fused_context(q: Array, k: Array, v: Array, mask: Mask,
       return splash.attention(q, k, v, mask,
                               interpret=_platform() != 'tpu')
     backend = 'xla'
-  return jax.nn.dot_product_attention(q, k, v, **attention_args(mask),
+  args = attention_args(mask)
+  if backend == 'cudnn' and args['mask'] is not None:
+    # cuDNN takes a mask only as long as the queries and keys: a padding
+    # mask broadcast over the queries ([B, 1, 1, S]) is spread over them.
+    dense = args['mask']
+    args['mask'] = jnp.broadcast_to(
+        dense, (*dense.shape[:-2], q.shape[1], k.shape[1]))
+  return jax.nn.dot_product_attention(q, k, v, **args,
                                       implementation=backend)
 
 

@@ -151,6 +151,22 @@ def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
   assert row['attention_kernels_in_hlo'] == ['cudnn']
 
 
+@needs_gpu
+@pytest.mark.slow
+def test_a_translation_model_with_padding_compiles_for_cudnn():
+  """cuDNN takes a mask only as long as the queries: the source padding
+  mask, broadcast over queries, is spread over them before the call (its
+  compile failed with "Bias must have same seq length as QKV")."""
+  out = compile_at_size('--target', 'h100-8', '--config',
+                        'translate_ende:tiny', '--config.batch_size=16',
+                        '--config.eval_batch_size=16',
+                        '--config.model.dtype=bfloat16',
+                        pythonpath=GPU_COMPILER)
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['fits'] and row['eval_per_chip_bytes']
+
+
 @needs_tpu
 @pytest.mark.slow
 def test_two_slices_compile_with_the_data_axis_across_them():
