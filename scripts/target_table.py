@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -70,7 +71,11 @@ def compile_pair(config: str, target: str, timeout: float,
             'error': f'no compile within {timeout:.0f} s'}
   if out.returncode:
     lines = out.stderr.strip().splitlines() or ['(no output)']
-    return {'config': config, 'target': target, 'error': lines[-1]}
+    # The exception's own line, not JAX's note on filtered frames after it.
+    raised = [line for line in lines if re.match(r'\w+(Error|Exception): ',
+                                                 line)]
+    return {'config': config, 'target': target,
+            'error': (raised or lines)[-1]}
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
