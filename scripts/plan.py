@@ -32,6 +32,7 @@ from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory
@@ -54,6 +55,10 @@ def parse_args(argv: list[str]):
                      flag_values=values)
   flags.DEFINE_string('output', None, 'one JSON row per candidate here',
                       flag_values=values)
+  flags.DEFINE_list('param_dtypes', list(cands.PARAM_DTYPES),
+                    'parameter dtypes to consider (bfloat16 parameters and '
+                    "Adam moments change the training's numerics)",
+                    flag_values=values)
   flags.DEFINE_string('cache_dir', search.DEFAULT_CACHE,
                       'compiled candidates kept here ("" for none)',
                       flag_values=values)
@@ -66,6 +71,11 @@ def parse_args(argv: list[str]):
   target = targets.target(values.target)
   if values.slices < 1 or (values.slices > 1 and target.platform != 'tpu'):
     targets.devices(target, values.slices)  # its one sentence
+  unknown = set(values.param_dtypes) - set(cands.PARAM_DTYPES)
+  if unknown or not values.param_dtypes:
+    raise UsageError(f'--param_dtypes takes '
+                     f'{" and ".join(cands.PARAM_DTYPES)}, got '
+                     f'{",".join(values.param_dtypes)}.')
   overrides = [a for a in argv if a.startswith('--config.')]
   return cfg, spec, overrides, values
 
@@ -136,7 +146,8 @@ def main(argv=None) -> int:
   rows_per_update = global_batch(cfg, values)
   where = search.Where.target(values.target, values.slices)
   rows = search.plan(cfg, spec, where, rows_per_update, values.budget_s,
-                     values.cache_dir or None)
+                     values.cache_dir or None,
+                     param_dtypes=tuple(values.param_dtypes))
   if values.output:
     with open(values.output, 'w') as f:
       f.writelines(json.dumps(r) + '\n' for r in rows)

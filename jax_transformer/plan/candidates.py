@@ -107,7 +107,8 @@ def meshes(chips: int, heads: int, kv_heads: int
 
 
 def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
-                         global_batch: int, slices: int = 1
+                         global_batch: int, slices: int = 1,
+                         param_dtypes: tuple[str, ...] = PARAM_DTYPES
                          ) -> list[Candidate]:
   """Every candidate for cfg on ``chips`` chips at global_batch rows an
   update: each mesh, remat, dtype, loss chunk, and each accumulation that
@@ -119,7 +120,7 @@ def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
   chunks = sorted({*LOSS_CHUNKS, int(cfg.get('loss_chunk_size') or 0)})
   out = []
   for (data, fsdp, tensor), remat, dtype, chunk in itertools.product(
-      meshes(chips, heads, kv_heads), REMATS, PARAM_DTYPES, chunks):
+      meshes(chips, heads, kv_heads), REMATS, param_dtypes, chunks):
     if data % slices:
       continue
     for accum in _divisors(global_batch):

@@ -232,15 +232,17 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
          global_batch: int, budget_s: float = 600,
          cache_dir: str | None = DEFAULT_CACHE, vocab_size: int = 32768,
          log: Callable[[str], None] | None = None,
-         only: list[cands.Candidate] | None = None) -> list[dict]:
+         only: list[cands.Candidate] | None = None,
+         param_dtypes: tuple[str, ...] = cands.PARAM_DTYPES) -> list[dict]:
   """One row per candidate, best first: those that fit by the compiler,
   by predicted time per update; then the rest. ``only`` plans those
-  candidates instead of every one."""
+  candidates instead of every one; param_dtypes limits the dtypes
+  enumerated (bfloat16 parameters change the training's numerics)."""
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   start = time.perf_counter()
   own = cands.shipped(cfg, where.chips, global_batch)
   pool = only or cands.enumerate_candidates(cfg, where.chips, global_batch,
-                                            where.slices)
+                                            where.slices, param_dtypes)
   if not pool:
     raise UsageError(
         f'{global_batch} rows an update cannot be split over {where.chips} '

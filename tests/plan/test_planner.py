@@ -31,6 +31,12 @@ def test_every_candidate_makes_the_global_batch_from_whole_shards():
     assert c.batch_size % (c.data * c.fsdp) == 0
 
 
+def test_param_dtypes_can_be_held_to_float32():
+  found = cands.enumerate_candidates(tiny_lm(), 8, 32,
+                                     param_dtypes=('float32',))
+  assert found and {c.param_dtype for c in found} == {'float32'}
+
+
 def test_slices_keep_only_data_parallelism_between_them():
   found = cands.enumerate_candidates(tiny_lm(), 8, 32, slices=2)
   assert found and all(c.data % 2 == 0 for c in found)

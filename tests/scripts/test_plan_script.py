@@ -62,6 +62,8 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
     (['--config', 'lm_shakespeare', '--target', 'v5e-4', '--global_batch',
       '8', '--tokens_per_step', '4096'], 'not both'),
     (['--config', 'lm_shakespeare'], '--target is required'),
+    (['--config', 'lm_shakespeare', '--target', 'v5e-4', '--param_dtypes',
+      'float16'], '--param_dtypes takes float32 and bfloat16'),
 ])
 def test_bad_input_is_one_sentence(args, says, capsys):
   plan = script_helpers.load_script('plan')
