@@ -93,18 +93,17 @@ def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
   cfg.mesh.update(data=-1, fsdp=1, tensor=1)
   rates = step_model.Rates('host', 1e11, 1e10, 1e9, 10 ** 9, overlap=False)
   where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
-  layouts = [cands.Candidate(1, 8, 1, 'none', 'float32', 0, 16, 1),
-             cands.Candidate(2, 1, 4, 'full', 'float32', 0, 16, 1)]
+  layouts = [cands.Candidate(2, 1, 4, 'full', 'float32', 0, 16, 1)]
   rows = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
                      vocab_size=64, only=layouts, log=lambda _: None)
-  assert len(rows) == 3 and sum(r['shipped'] for r in rows) == 1
+  assert len(rows) == 2 and sum(r['shipped'] for r in rows) == 1
   own = next(r for r in rows if r['shipped'])
   assert (own['data'], own['fsdp'], own['tensor']) == (8, 1, 1)
   for r in rows:
     assert r['status'] == 'compiled' and r['fits']
     assert r['per_chip_bytes'] > 0 and r['compile_s'] > 0
     assert r['predicted_step_s'] > 0 and 0 < r['mfu_bound'] < 1
-  assert [r['rank'] for r in rows] == [1, 2, 3]
+  assert [r['rank'] for r in rows] == [1, 2]
   times = [r['predicted_step_s'] for r in rows]
   assert all(a <= b * 1.005 for a, b in zip(times, times[1:]))  # ties: 0.5%
   again = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
