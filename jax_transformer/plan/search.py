@@ -326,15 +326,26 @@ def rank(rows: list[dict]) -> list[dict]:
   ones change the training: weights and Adam's moments updated in
   bfloat16), then to the layout whose overlapped parts, HBM and links,
   leave the most slack, then to the least memory."""
-  def order(r):
-    fitting = bool(r['fits']) and r['predicted_step_s'] is not None
-    seconds = r['predicted_step_s'] or r.get('guess_step_s') or 0.0
-    tier = round(math.log(seconds) / math.log(1.005)) if seconds > 0 else 0
-    slack = r.get('hbm_s', 0.0) + r.get('link_s', 0.0)
-    return (r['status'] == 'invalid', not fitting, tier,
-            r['param_dtype'] != 'float32', round(slack, 6),
-            r['per_chip_bytes'] or 0)
-  rows = sorted(rows, key=order)
+  def seconds(r):
+    return r['predicted_step_s'] or r.get('guess_step_s') or 0.0
+
+  def fitting(r):
+    return bool(r['fits']) and r['predicted_step_s'] is not None
+  rows = sorted(rows, key=lambda r: (r['status'] == 'invalid',
+                                     not fitting(r), seconds(r)))
+  # Each tie group starts at a row more than 0.5% slower than the last
+  # group's first row.
+  group, first = 0, None
+  for r in rows:
+    if first is None or fitting(r) != fitting(first) or (
+        seconds(r) > seconds(first) * 1.005):
+      group, first = group + 1, r
+    r['_tie'] = group
+  rows.sort(key=lambda r: (r['_tie'], r['param_dtype'] != 'float32',
+                           round(r.get('hbm_s', 0.0) + r.get('link_s', 0.0),
+                                 6), r['per_chip_bytes'] or 0))
+  for r in rows:
+    del r['_tie']
   for i, r in enumerate(rows):
     r['rank'] = i + 1 if r.get('fits') and r.get('predicted_step_s') else None
   return rows
