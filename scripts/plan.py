@@ -1,8 +1,9 @@
 """The fastest layout of a run that fits a TPU slice or GPU hosts, found by
 their compiler from this host.
 
-    python scripts/plan.py --config lm_1_3b --target v5p-128 --tokens_per_step 1048576
-    python scripts/plan.py --config gpt2_small --target h100-8 --budget_s 300 --output plan.jsonl
+    python scripts/plan.py --config lm_1_3b --target v5p-128 \\
+        --tokens_per_step 1048576
+    python scripts/plan.py --config lm_7b --target v5e-256 --output plan.jsonl
 
 Enumerates mesh splits (data x fsdp x tensor), remat policies, parameter
 dtypes, loss chunk sizes and per-step rows with gradient accumulation that

@@ -4,10 +4,10 @@ the target's compiler.
 Every candidate (``candidates.py``) is first sized by the pre-flight
 estimate (``train/memory.py``): one over the chip's memory by more than
 the estimate's error is pruned, and as compiles come in, one whose
-estimate times the lowest ratio of the compiler's figure to the
-estimate seen for its remat policy is over the chip's memory. The survivors are ordered by a guess made
-without compiling (``guess``: FLOPs and collective bytes counted from the
-model), and compiled in that order, the config's own layout first, while
+estimate times the lowest ratio of the compiler's figure to the estimate
+seen for its remat policy is over the chip's memory. The survivors are
+ordered by a guess made without compiling (``guess``: FLOPs and
+collective bytes counted from the model), and compiled in that order, the config's own layout first, while
 the time budget lasts; each compiled step's time comes from its
 executable (``step_model.py``). Compiled results are kept on disk by the
 fingerprint of the lowered step, so a second plan compiles only what
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import statistics
 import sys
@@ -34,8 +33,13 @@ from jax_transformer.model import attention, sharding
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import step_model
 from jax_transformer.runtime import targets
-from jax_transformer.train import experiment, memory, perf, target_report
-from jax_transformer.train import trainer
+from jax_transformer.train import (
+  experiment,
+  memory,
+  perf,
+  target_report,
+  trainer,
+)
 
 # The estimate is within ~20% of the TPU compiler's figure
 # (docs/scaling.md): a candidate is pruned only when even a 20%

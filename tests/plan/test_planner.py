@@ -169,23 +169,28 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
 # A weight gradient as a TPU's compiler writes it: heads as a window of 16
 # padded 15 each side over an input of size 1, so each output sees one
 # input position. True work: 2 x 1024 x 2048 x 16 x 128 multiply-adds.
-CONVOLUTION_HLO = """HloModule m
+CONVOLUTION_HLO = ("""HloModule m
 
 ENTRY %main (x: bf16[2,1024,2048,1], g: bf16[2,1024,16,128]) -> bf16[2048,16,128,1] {
   %x = bf16[2,1024,2048,1]{3,2,1,0} parameter(0)
   %g = bf16[2,1024,16,128]{3,2,1,0} parameter(1)
-  ROOT %convolution.1 = bf16[2048,16,128,1]{3,2,1,0} convolution(%x, %g), window={size=16x2 pad=15_15x0_0 rhs_reversal=1x0}, dim_labels=1fb0_1i0o->b0f1
+  ROOT %convolution.1 = bf16[2048,16,128,1]{3,2,1,0} convolution(%x, %g), """
+    """window={size=16x2 pad=15_15x0_0 rhs_reversal=1x0}, """
+    """dim_labels=1fb0_1i0o->b0f1
 }
-"""
-GEMM_HLO = """HloModule m
+""")
+GEMM_HLO = ("""HloModule m
 
 ENTRY %main (a: bf16[8,4], b: bf16[4,16]) -> bf16[8,16] {
   %a = bf16[8,4]{1,0} parameter(0)
   %b = bf16[4,16]{1,0} parameter(1)
-  %gemm = (bf16[8,16]{1,0}, s8[64]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %gemm = (bf16[8,16]{1,0}, s8[64]{0}) custom-call(%a, %b), """
+    """custom_call_target="__cublas$gemm", backend_config={"gemm_backend_"""
+    """config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":"""
+    """["1"],"rhs_contracting_dimensions":["0"]}}}
   ROOT %r = bf16[8,16]{1,0} get-tuple-element(%gemm), index=0
 }
-"""
+""")
 
 
 def test_matmuls_written_as_padded_convolutions_or_cublas_calls_count_once():
