@@ -9,9 +9,9 @@ seen for its remat policy is over the chip's memory. The survivors are
 ordered by a guess made without compiling (``guess``: FLOPs and
 collective bytes counted from the model), and compiled in that order,
 the config's own layout first, while the time budget lasts; each
-compiled step's time comes from its executable (``step_model.py``). Compiled results are kept on disk by the
-fingerprint of the lowered step, so a second plan compiles only what
-changed.
+compiled step's time comes from its executable (``step_model.py``).
+Compiled results are kept on disk by the fingerprint of the lowered
+step, so a second plan compiles only what changed.
 """
 
 from __future__ import annotations
