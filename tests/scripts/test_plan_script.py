@@ -49,7 +49,7 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
   # A second plan finds the compiled candidates in the cache.
   again = script_helpers.run_script('plan', *args, env=ENV)
   assert again.returncode == 0, again.stderr
-  assert 'cached' in again.stderr
+  assert 'found in the cache' in again.stderr
   assert os.listdir(cache)
 
 
