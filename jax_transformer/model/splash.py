@@ -72,8 +72,13 @@ def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
       block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
   make = splash.make_splash_mqa if grouped else splash.make_splash_mha
-  return make(splash.MultiHeadMask([head] * num_heads), block_sizes=blocks,
-              head_shards=1, q_seq_shards=1, interpret=interpret)
+  # The kernel holds its mask's block tables as arrays and is cached: made
+  # inside a trace (under shard_map, say) they would be that trace's
+  # tracers, leaked into the next call. Made here, they are constants.
+  with jax.ensure_compile_time_eval():
+    return make(splash.MultiHeadMask([head] * num_heads),
+                block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                interpret=interpret)
 
 
 def _segments(mask: Mask, batch: int, length: int) -> tuple[Array, Array]:
