@@ -89,8 +89,13 @@ def test_workers_end_when_their_trainer_is_killed(fake_data_dir, tmp_path):
   proc.wait()
   deadline = time.time() + 20
   alive = children
+  def running(pid):  # neither gone nor a zombie (a process may go between)
+    try:
+      with open(f'/proc/{pid}/stat') as f:
+        return f.read().split()[2] != 'Z'
+    except (FileNotFoundError, ProcessLookupError):
+      return False
   while alive and time.time() < deadline:
     time.sleep(0.5)
-    alive = [c for c in children if os.path.exists(f'/proc/{c}')
-             and 'Z' not in open(f'/proc/{c}/stat').read().split()[2]]
+    alive = [c for c in children if running(c)]
   assert not alive, f'worker processes {alive} outlived a SIGKILLed parent'
