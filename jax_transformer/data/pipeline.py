@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import multiprocessing
+import os
 import signal
 from collections.abc import Mapping
 from typing import Any
@@ -407,6 +409,11 @@ def _die_with_parent(worker_index: int, worker_count: int) -> None:
     return
   pr_set_pdeathsig = 1
   libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+  # A parent killed before this line ran leaves the worker orphaned, with
+  # nobody left whose death would signal it: it ends now instead.
+  parent = multiprocessing.parent_process()
+  if parent is not None and os.getppid() != parent.pid:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Batches:
