@@ -10,6 +10,7 @@ per step.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -108,6 +109,14 @@ def _runs(comps: dict[str, list[str]], entry: str) -> dict[str, int]:
   return runs
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(hlo: str) -> tuple[dict[str, list[str]], dict[str, int]]:
+  """(each computation's instruction lines, how many times each runs per
+  step), parsed once for all the figures read from one module."""
+  comps, entry = _computations(hlo)
+  return comps, (_runs(comps, entry) if entry else {})
+
+
 def _instructions(comps: dict[str, list[str]]):
   """(computation, op, result shape text, line) of every instruction."""
   for name, lines in comps.items():
@@ -179,8 +188,7 @@ def dot_flops(hlo: str) -> tuple[float, float]:
   (per step, each computation counted once as ``cost_analysis()`` counts
   it). A rematerialized matmul counts each time it runs. The ratio of the
   two is how much XLA's cost figures undercount a step with loops."""
-  comps, entry = _computations(hlo)
-  runs = _runs(comps, entry) if entry else {}
+  comps, runs = _parsed(hlo)
   shapes = {}
   for _, _, shape, line in _instructions(comps):
     shapes[_NAME.match(line).group(1)] = shape
@@ -198,8 +206,7 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
   once). A slice of a stacked array (a scanned layer's weights) reads the
   slice, an update in place writes the update. Rough per instruction; its
   use is the ratio of the two, which scales XLA's figure to a step."""
-  comps, entry = _computations(hlo)
-  runs = _runs(comps, entry) if entry else {}
+  comps, runs = _parsed(hlo)
   fused = {m.group(1) for lines in comps.values() for line in lines
            for m in [_FUSED.search(line)] if m}
   sizes, roots = {}, {}
@@ -237,8 +244,7 @@ def link_bytes(moved: dict[str, int]) -> float:
 def collective_bytes(hlo: str) -> dict[str, int]:
   """Bytes per step of each collective kind (the largest array each
   instruction moves, times the runs of its computation)."""
-  comps, entry = _computations(hlo)
-  runs = _runs(comps, entry) if entry else {}
+  comps, runs = _parsed(hlo)
   totals = dict.fromkeys(COLLECTIVES, 0)
   for name, op, shape, _ in _instructions(comps):
     kind = op.removesuffix('-start')
@@ -249,8 +255,7 @@ def collective_bytes(hlo: str) -> dict[str, int]:
 
 def collective_launches(hlo: str) -> int:
   """Collectives started per step (each instruction times its runs)."""
-  comps, entry = _computations(hlo)
-  runs = _runs(comps, entry) if entry else {}
+  comps, runs = _parsed(hlo)
   return sum(runs.get(name, 0) for name, op, _, _ in _instructions(comps)
              if op.removesuffix('-start') in COLLECTIVES)
 
