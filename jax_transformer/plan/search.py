@@ -36,8 +36,8 @@ from jax_transformer.train import (
   experiment,
   memory,
   perf,
+  steps,
   target_report,
-  trainer,
 )
 
 # The estimate is within ~20% of the TPU compiler's figure
@@ -189,7 +189,7 @@ class Sizer:
     abstract_state, params, placed = self.states[id(setup)]
     key = tuple(mesh.shape.values())
     if key not in placed:
-      placed[key] = trainer.state_shardings(setup, mesh, abstract_state)[0]
+      placed[key] = steps.state_shardings(setup, mesh, abstract_state)[0]
     return abstract_state, placed[key], params
 
   def __call__(self, c: cands.Candidate) -> Sized:

@@ -18,7 +18,7 @@ import ml_collections
 
 from jax_transformer.data import batching
 from jax_transformer.model import sharding
-from jax_transformer.train import checks, experiment, memory, perf, trainer
+from jax_transformer.train import checks, experiment, memory, perf, steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +58,9 @@ def prove(cfg: ml_collections.ConfigDict, vocab_size: int,
   mesh = sharding.make_mesh(cfg.mesh, devices)
   sharding.check_batch(cfg.batch_size, mesh)
   abstract_state = setup.abstract_state(cfg.seed)
-  shardings, _ = trainer.state_shardings(setup, mesh, abstract_state)
-  state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract_state, shardings)
-  step = trainer.jit_train_step(cfg, setup, mesh, shardings)
+  shardings, _ = steps.state_shardings(setup, mesh, abstract_state)
+  state = steps.sharded_abstract(abstract_state, shardings)
+  step = steps.jit_train_step(cfg, setup, mesh, shardings)
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     compiled, seconds = perf.compile_timed(step, state,
                                            abstract_batch(cfg, mesh))

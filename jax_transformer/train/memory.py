@@ -300,7 +300,7 @@ def estimate(cfg: ml_collections.ConfigDict, model_config: ModelConfig,
              abstract_state: dict[str, Any], shardings: dict[str, Any],
              mesh: jax.sharding.Mesh) -> Footprint:
   """The per-device footprint of this run's train step, before compiling
-  (``shardings`` as ``trainer.state_shardings`` plans them)."""
+  (``shardings`` as ``steps.state_shardings`` plans them)."""
   params, rest = state_bytes(abstract_state, shardings)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   src_len = ((cfg.data.get('src_len') or cfg.seq_len)

@@ -1,4 +1,7 @@
-"""Pure, jit-able train and eval steps over a flat parameter dict.
+"""Pure, jit-able train and eval steps over a flat parameter dict, and
+their jitted forms for a run's mesh (state shardings, donated state,
+activation constraints): what the trainer runs and what a compile for a
+target lowers.
 
 The train state is a plain dict pytree, which is also what checkpoints hold:
   params:    {dotted path: array}
@@ -13,9 +16,12 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.model import sharding
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
 from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
@@ -140,3 +146,59 @@ def make_eval_step(model_def: ModelDef, *, packed: bool = True,
     return {'nll': sums['nll'], 'tokens': sums['tokens']}
 
   return eval_step
+
+
+def state_shardings(setup, mesh, abstract_state):
+  """NamedShardings for the whole train state, planned before any compile."""
+  param_specs = sharding.param_specs(setup.model_def.logical_axes)
+  sharding.check_divisible(
+      {k: v.shape for k, v in setup.abstract_params.items()}, param_specs,
+      mesh)
+  opt_specs = optax.tree_map_params(
+      setup.tx, lambda _, spec: spec, abstract_state['opt_state'],
+      param_specs, transform_non_params=lambda _: PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  specs = {'params': param_specs, 'opt_state': opt_specs,
+           'step': PartitionSpec(), 'rng': PartitionSpec()}
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                           is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return shardings, param_specs
+
+
+def jit_train_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
+  """The run's train step, jitted for its state shardings and mesh (the
+  state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
+  that the activation constraints apply."""
+  return jax.jit(
+      make_train_step(setup.model_def, setup.tx, cfg.optim.label_smoothing,
+                      cfg.optim.z_loss, packed=bool(cfg.data.pack),
+                      loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings, sharding.batch_sharding(mesh)),
+      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+      donate_argnums=0)
+
+
+def jit_eval_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
+  """The run's eval step over its sharded params, traced with the mesh in
+  context. Evaluation batches are never packed (see data.pipeline)."""
+  return traced_under(mesh, jax.jit(
+      make_eval_step(setup.model_def, packed=False,
+                     loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+      in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
+      out_shardings=NamedSharding(mesh, PartitionSpec())))
+
+
+def sharded_abstract(abstract, shardings):
+  """abstract (ShapeDtypeStructs) with the shardings of a placed state."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract, shardings)
+
+
+def traced_under(mesh, jitted):
+  """jitted, traced with mesh in context, so that the models' activation
+  sharding constraints (``sharding.constrain``) apply."""
+  def call(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return jitted(*args)
+  return call

@@ -38,7 +38,6 @@ from jax_transformer.train import (
   memory,
   perf,
   steps,
-  trainer,
 )
 
 # A TPU step over HBM fails to compile with, e.g., "the total memory
@@ -112,16 +111,14 @@ def lower_train(cfg: ml_collections.ConfigDict, devices: list,
   sharding.check_batch(cfg.batch_size, mesh)
   setup = setup or experiment.setup(cfg, vocab_size)
   abstract_state = setup.abstract_state(cfg.seed)
-  shardings, _ = trainer.state_shardings(setup, mesh, abstract_state)
-  state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract_state, shardings)
+  shardings, _ = steps.state_shardings(setup, mesh, abstract_state)
+  state = steps.sharded_abstract(abstract_state, shardings)
   batch = aot.abstract_batch(cfg, mesh)
   with attention.compiling_for(platform):  # 'auto' as the target picks
     estimate = memory.estimate(cfg, setup.model_config, abstract_state,
                                shardings, mesh)
   start = time.perf_counter()
-  lowered = lower(trainer.jit_train_step(cfg, setup, mesh, shardings),
+  lowered = lower(steps.jit_train_step(cfg, setup, mesh, shardings),
                   (state, batch), mesh, platform)
   return TrainLowering(lowered, time.perf_counter() - start, setup, mesh,
                        shardings, state, batch, estimate)

@@ -14,9 +14,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from jax_transformer import data, decoding
@@ -122,23 +120,6 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   return prepare()
 
 
-def state_shardings(setup: experiment.Setup, mesh, abstract_state):
-  """NamedShardings for the whole train state, planned before any compile."""
-  param_specs = sharding.param_specs(setup.model_def.logical_axes)
-  sharding.check_divisible(
-      {k: v.shape for k, v in setup.abstract_params.items()}, param_specs,
-      mesh)
-  opt_specs = optax.tree_map_params(
-      setup.tx, lambda _, spec: spec, abstract_state['opt_state'],
-      param_specs, transform_non_params=lambda _: PartitionSpec(),
-      is_leaf=lambda x: isinstance(x, PartitionSpec))
-  specs = {'params': param_specs, 'opt_state': opt_specs,
-           'step': PartitionSpec(), 'rng': PartitionSpec()}
-  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                           is_leaf=lambda x: isinstance(x, PartitionSpec))
-  return shardings, param_specs
-
-
 def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
              ) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
@@ -183,21 +164,6 @@ def sample(setup, params, tokenizer, cfg) -> str:
   return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
-def jit_train_step(cfg: ml_collections.ConfigDict, setup: experiment.Setup,
-                   mesh, shardings):
-  """The run's train step, jitted for its state shardings and mesh (the
-  state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
-  that the activation constraints apply."""
-  return jax.jit(
-      steps.make_train_step(setup.model_def, setup.tx,
-                            cfg.optim.label_smoothing, cfg.optim.z_loss,
-                            packed=bool(cfg.data.pack),
-                            loss_chunk_size=cfg.get('loss_chunk_size') or 0),
-      in_shardings=(shardings, sharding.batch_sharding(mesh)),
-      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
-      donate_argnums=0)
-
-
 def check_finite(metrics: dict, step: int, checkpointer,
                  max_skipped: int = 0) -> None:
   """Stops training at the first non-finite loss or gradient norm, or with
@@ -229,15 +195,6 @@ def check_finite(metrics: dict, step: int, checkpointer,
   raise FloatingPointError(
       f'{problem}; training stopped without saving it ({where}): lower '
       'optim.learning_rate or set optim.clip_norm, then rerun to resume.')
-
-
-def _traced_under(mesh, jitted):
-  """jitted, traced with mesh in context, so that the models' activation
-  sharding constraints (``sharding.constrain``) apply."""
-  def call(*args):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      return jitted(*args)
-  return call
 
 
 def train_and_evaluate(cfg: ml_collections.ConfigDict,
@@ -282,7 +239,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   setup = experiment.setup(cfg, tokenizer.vocab_size)
 
   abstract_state = setup.abstract_state(cfg.seed)
-  shardings, param_specs = state_shardings(setup, mesh, abstract_state)
+  shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
                       param_specs, mesh))
   budget = memory.Budget.of(cfg)
@@ -303,25 +260,16 @@ def _train(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
                                   worker_buffer_size=cfg.data.get(
                                       'worker_buffer_size', 2))
   if checkpointer.latest_step() is not None:
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        abstract_state, shardings)
-    state, data_state = checkpointer.restore(abstract)
+    state, data_state = checkpointer.restore(
+        steps.sharded_abstract(abstract_state, shardings))
     train_iter.set_state(data_state)
     log(f'Resumed from step {int(state["step"])} in {workdir}.')
   else:
     state = jax.jit(lambda: setup.init_state(cfg.seed),
                     out_shardings=shardings)()
 
-  replicated = NamedSharding(mesh, PartitionSpec())
-  batch_sharding = sharding.batch_sharding(mesh)
-  train_step = jit_train_step(cfg, setup, mesh, shardings)
-  # Evaluation batches are never packed (see data.pipeline).
-  eval_step = _traced_under(mesh, jax.jit(
-      steps.make_eval_step(setup.model_def, packed=False,
-                           loss_chunk_size=cfg.get('loss_chunk_size') or 0),
-      in_shardings=(shardings['params'], batch_sharding),
-      out_shardings=replicated))
+  train_step = steps.jit_train_step(cfg, setup, mesh, shardings)
+  eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
 
   preemption = Preemption()
   profiler = profiling.Profiler(cfg, workdir, main)

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import experiment, steps, trainer
+from jax_transformer.train import experiment, steps
 
 VOCAB, B, T, D, F = 64, 8, 16, 32, 96
 
@@ -21,7 +21,7 @@ def _setup(mesh_sizes, **model):
   setup = experiment.setup(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, None if mesh_sizes['data'] != 1 or
                             mesh_sizes['tensor'] != 1 else jax.devices()[:1])
-  shardings, _ = trainer.state_shardings(setup, mesh,
+  shardings, _ = steps.state_shardings(setup, mesh,
                                          setup.abstract_state(cfg.seed))
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx),
                  in_shardings=(shardings, sharding.batch_sharding(mesh)),

@@ -9,7 +9,7 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import checkpoint, experiment, optim, steps, trainer
+from jax_transformer.train import checkpoint, experiment, optim, steps
 
 VOCAB = 64
 T = 16
@@ -133,7 +133,7 @@ def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
   setup = experiment.setup(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh)
   abstract = setup.abstract_state(cfg.seed)
-  shardings, param_specs = trainer.state_shardings(setup, mesh, abstract)
+  shardings, param_specs = steps.state_shardings(setup, mesh, abstract)
   grad_sum = shardings['opt_state'].grad_sum
   assert {k: s.spec for k, s in grad_sum.items()} == param_specs
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx),

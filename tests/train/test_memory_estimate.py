@@ -36,7 +36,7 @@ def planned(cfg, devices=None):
   setup = experiment.setup(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
-  shardings, _ = trainer.state_shardings(setup, mesh, abstract)
+  shardings, _ = steps.state_shardings(setup, mesh, abstract)
   return setup, mesh, abstract, shardings
 
 

@@ -35,7 +35,7 @@ def run_steps(cfg, batch, n=3, devices=None):
   setup = experiment.setup(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
-  shardings, _ = trainer.state_shardings(setup, mesh, abstract)
+  shardings, _ = steps.state_shardings(setup, mesh, abstract)
   state = jax.jit(lambda: setup.init_state(cfg.seed),
                   out_shardings=shardings)()
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx),
