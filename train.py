@@ -25,6 +25,7 @@ from absl import app, flags, logging
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import exits
 
 PROG = 'train.py'
 DEFAULT_CONFIG = 'lm_shakespeare'  # configs/lm_shakespeare.py
@@ -148,8 +149,8 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
                              data=values.data_timeout))
   result = trainer.train_and_evaluate(values.config, values.workdir)
   if result.get('interrupted'):
-    # Saved and stopped early: not finished (see trainer.EXIT_INTERRUPTED).
-    return trainer.EXIT_INTERRUPTED
+    # Saved and stopped early: not finished (see runtime/exits.py).
+    return exits.EXIT_INTERRUPTED
   return 0
 
 

@@ -10,3 +10,9 @@ working.
 
 class UsageError(ValueError):
   """Bad configuration or input, explained in one sentence."""
+
+
+def first_line(error: BaseException) -> str:
+  """The first line of error's message ('' for none): what a one-sentence
+  refusal quotes of an underlying failure."""
+  return (str(error).strip().splitlines() or [''])[0]

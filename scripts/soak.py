@@ -41,11 +41,10 @@ import checkpoint_damage
 
 from jax_transformer import cli
 from jax_transformer.runtime import faults
+from jax_transformer.runtime.exits import EXIT_INTERRUPTED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# train.py's status after SIGTERM: saved, not finished (trainer.py).
-EXIT_INTERRUPTED = 75
 # Logged values that must repeat exactly (timings need not).
 EXACT_METRICS = ('loss', 'grad_norm', 'learning_rate', 'eval_loss')
 

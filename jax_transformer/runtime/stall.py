@@ -26,10 +26,8 @@ import time
 from typing import Callable, Iterator
 
 from jax_transformer.runtime import liveness
+from jax_transformer.runtime.exits import EXIT_STUCK
 
-# The exit status of a run that stopped itself because nothing progressed
-# for its step timeout: timeout(1)'s status for a command that ran too long.
-EXIT_STUCK = 124
 AUTO_FLOOR_S = 600.0
 AUTO_FACTOR = 20.0
 

@@ -55,7 +55,13 @@ class Target:
 
   @property
   def platform(self) -> str:
+    """The compiler's platform name: 'cuda' or 'tpu'."""
     return 'cuda' if self.chip.startswith('h') else 'tpu'
+
+  @property
+  def kernel_platform(self) -> str:
+    """The platform as attention kernels name it: 'gpu' or 'tpu'."""
+    return kernel_platform(self.platform)
 
   @property
   def chips(self) -> int:
@@ -135,3 +141,9 @@ def _require(t: Target) -> None:
     raise UsageError(f'Target {t.name} needs the {t.platform.upper()} '
                      f'compiler ({module}), which is not installed; run '
                      f'{AOT_INSTALL}.')
+
+
+def kernel_platform(platform: str) -> str:
+  """A JAX device platform ('cuda', 'rocm', 'tpu', 'cpu') as the attention
+  kernels and the planner name it ('gpu', 'tpu', 'cpu')."""
+  return 'gpu' if platform in ('cuda', 'rocm', 'gpu') else platform

@@ -29,6 +29,14 @@ def train_state(params: Params, tx: optax.GradientTransformation,
           'rng': jax.random.key_data(rng)}
 
 
+def source_len(cfg: ml_collections.ConfigDict) -> int:
+  """Source tokens per row of an encoder-decoder run (data.src_len, else
+  seq_len); 0 for a decoder-only LM."""
+  if cfg.model_kind != 'encoder_decoder':
+    return 0
+  return cfg.data.get('src_len') or cfg.seq_len
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
   """Everything static about one training run."""

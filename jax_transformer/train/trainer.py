@@ -44,10 +44,6 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
-# The exit status of a run stopped by SIGTERM or SIGINT after saving
-# (EX_TEMPFAIL): a restart loop (`until python train.py ...; do :; done`) or
-# a Kubernetes Job sees it as unfinished, where 0 means the run completed.
-EXIT_INTERRUPTED = 75
 # Steps the host waits longer for than this run one at a time (see the
 # loop), so that a stop signal waits for one step, not two.
 SLOW_STEP_S = 1.0

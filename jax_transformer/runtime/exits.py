@@ -1,0 +1,12 @@
+"""The exit statuses a run ends with, for restart loops and schedulers.
+
+0: finished. 1: a failure (a bug, or a fault the run cannot judge).
+2: refused in one sentence (bad configuration or input; rerunning
+unchanged fails again). 75 (EX_TEMPFAIL): stopped by SIGTERM or SIGINT
+after saving; rerun to resume. 124 (timeout(1)'s): stopped itself because
+nothing progressed (a stuck collective or reader); rerun to resume.
+"""
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 75
+EXIT_STUCK = 124
