@@ -39,7 +39,7 @@ import numpy as np
 
 from jax_transformer import data
 from jax_transformer.data import tokenizers
-from jax_transformer.errors import UsageError
+from jax_transformer.errors import UsageError, first_line
 from jax_transformer.interop import torch_compat
 from jax_transformer.interop.exporter import (
   CONFIG_SUFFIX,
@@ -118,7 +118,7 @@ def _torch_load(path: str) -> dict[str, Any]:
     state_dict = torch.load(path, map_location='cpu', weights_only=True)
   except Exception as e:  # pylint: disable=broad-except
     raise UsageError(f'{path} cannot be read with torch.load(weights_only='
-                     f'True): {str(e).splitlines()[0]}') from None
+                     f'True): {first_line(e)}') from None
   if not isinstance(state_dict, dict):
     raise UsageError(f'{path} holds a {type(state_dict).__name__}, not a '
                      'state_dict.')
@@ -247,7 +247,7 @@ def config_tokenizer(cfg: ml_collections.ConfigDict, path: str):
     raise UsageError(
         f'{path} has no tokenizer beside it '
         f'({sidecar(path, TOKENIZER_SUFFIX)}/) and the config\'s data '
-        f'cannot give one: {str(e).splitlines()[0]}') from None
+        f'cannot give one: {first_line(e)}') from None
 
 
 def write_workdir(workdir: str, cfg: ml_collections.ConfigDict, tokenizer,

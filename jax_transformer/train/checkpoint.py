@@ -27,7 +27,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
-from jax_transformer.errors import UsageError
+from jax_transformer.errors import UsageError, first_line
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
@@ -190,8 +190,8 @@ class Checkpointer:
     for skipped, err in errors:
       moved = self._move_aside(skipped)
       _notice(f'Checkpoint step {skipped} could not be read '
-              f'({_first_line(err)}); moved it to {moved} and resumed from '
-              f'step {candidate}.')
+              f'({type(err).__name__}: {first_line(err)}); moved it to '
+              f'{moved} and resumed from step {candidate}.')
     if errors:
       self.manager.reload()  # forget the moved steps: they are saved again
     return restored
@@ -257,8 +257,9 @@ class Checkpointer:
   def _failed(self, err: BaseException) -> SaveFailed:
     return SaveFailed(
         f'Writing a checkpoint to {self.manager.directory} failed '
-        f'({_first_line(err)}); check the disk (space, permissions), then '
-        'rerun to resume from the newest complete checkpoint.')
+        f'({type(err).__name__}: {first_line(err)}); check the disk (space, '
+        'permissions), then rerun to resume from the newest complete '
+        'checkpoint.')
 
   def close(self) -> None:
     """Waits for a save in flight and stops Orbax's threads; a save that
@@ -283,11 +284,6 @@ def _first_difference(saved: dict[str, Any], wanted: dict[str, Any]):
     if have != want:
       return name, have, want
   return None
-
-
-def _first_line(err: BaseException) -> str:
-  text = str(err).strip()
-  return f'{type(err).__name__}: {text.splitlines()[0] if text else ""}'
 
 
 def _param_names(tree: Any) -> list[str]:
@@ -415,3 +411,36 @@ def _quiet_orbax():
     yield
   finally:
     logging.set_verbosity(before)
+
+
+class Saving:
+  """Checkpoints as a training hook (see hooks.py): every
+  ``checkpoint_every`` steps, at the last step and when the run stops; a
+  background save that failed stops the run at the next step; the end
+  waits for the last save (raising SaveFailed for one that failed) and
+  closes the checkpointer, so that none of its threads outlives the loop.
+  """
+  part = 'checkpoint'
+
+  def __init__(self, checkpointer: Checkpointer, every: int):
+    self._checkpointer = checkpointer
+    self._every = every
+
+  def dispatched(self, run, metrics) -> None:
+    del run, metrics
+    self._checkpointer.check_errors()
+
+  def after_step(self, run) -> None:
+    if not (run.step % self._every == 0 or run.last or run.stop):
+      return
+    run.finish_steps()
+    run.hooks.before_save(run)  # never save a state a bad step made
+    self._checkpointer.save(run.state, run.train_iter.get_state())
+    run.hooks.saved(run)
+
+  def end(self, run) -> None:
+    del run
+    try:
+      self._checkpointer.wait()
+    finally:
+      self._checkpointer.close()

@@ -54,6 +54,7 @@ import ml_collections
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.train import experiment
 
 GB = 1e9
 _GIB = 2 ** 30
@@ -303,14 +304,12 @@ def estimate(cfg: ml_collections.ConfigDict, model_config: ModelConfig,
   (``shardings`` as ``steps.state_shardings`` plans them)."""
   params, rest = state_bytes(abstract_state, shardings)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
-  src_len = ((cfg.data.get('src_len') or cfg.seq_len)
-             if model_config.num_encoder_layers else 0)
   # A loss chunk takes rows from the whole batch: each device holds its
   # share.
   chunk = cfg.get('loss_chunk_size') or 0
   acts = activation_bytes(model_config, cfg.batch_size // shards,
-                          cfg.seq_len, src_len, mesh.shape['tensor'],
-                          -(-chunk // shards))
+                          cfg.seq_len, experiment.source_len(cfg),
+                          mesh.shape['tensor'], -(-chunk // shards))
   # Gradients have the parameters' shapes, dtypes and shardings.
   return Footprint(params, rest, params, acts,
                    gathered_bytes(model_config, mesh))

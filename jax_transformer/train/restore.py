@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
-from jax_transformer.errors import UsageError
+from jax_transformer.errors import UsageError, first_line
 from jax_transformer.model import sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
@@ -89,8 +89,8 @@ def _tokenizer(paths: WorkdirPaths):
     tokenizer = load_tokenizer(directory)
   except (OSError, ValueError, KeyError, RuntimeError) as e:
     raise UsageError(f'{directory} cannot be read as a tokenizer '
-                     f'({_first_line(e)}); restore it from the training '
-                     'run.') from None
+                     f'({type(e).__name__}: {first_line(e)}); restore it '
+                     'from the training run.') from None
   marker = paths.fingerprint
   if marker.exists():
     if marker.read_text().strip() != fingerprint(tokenizer):
@@ -136,8 +136,9 @@ def check_readable(workdir: Workdir, step: int) -> None:
     ocp.StandardCheckpointHandler().metadata(path)
   except (OSError, ValueError) as e:  # missing, or not JSON
     raise UsageError(f'Checkpoint step {step} in {workdir.path} has no '
-                     f'readable list of parameters ({_first_line(e)}): it is '
-                     f'torn or corrupt; {_EARLIER}.') from None
+                     'readable list of parameters '
+                     f'({type(e).__name__}: {first_line(e)}): it is torn or '
+                     f'corrupt; {_EARLIER}.') from None
 
 
 def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
@@ -156,13 +157,8 @@ def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
     while cause.__cause__ is not None:
       cause = cause.__cause__
     raise UsageError(f'Checkpoint step {step} in {workdir.path} cannot be '
-                     f'read ({_first_line(cause)}): it is torn or corrupt; '
-                     f'{_EARLIER}.') from e
-
-
-def _first_line(error: BaseException) -> str:
-  text = str(error).strip()
-  return f'{type(error).__name__}: {text.splitlines()[0] if text else ""}'
+                     f'read ({type(cause).__name__}: {first_line(cause)}): '
+                     f'it is torn or corrupt; {_EARLIER}.') from e
 
 
 def restore_params(workdir: Workdir, steps: Sequence[int], mesh
