@@ -37,6 +37,7 @@ from jax_transformer.data.pipeline import (
                                            initial_state,
                                            make_dataset,
                                            make_iterator,
+                                           train_iterator,
 )
 from jax_transformer.data.tokenizers import (
                                            BOS_ID,
@@ -55,6 +56,6 @@ __all__ = [
     'SentencePieceTokenizer', 'UNK_ID', 'default_data_dir', 'get_spec',
     'global_batch', 'initial_state', 'lm_example', 'lm_layout',
     'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
-    'make_iterator', 'prepare', 'translation_example', 'translation_layout',
-    'translation_source',
+    'make_iterator', 'prepare', 'train_iterator', 'translation_example',
+    'translation_layout', 'translation_source',
 ]

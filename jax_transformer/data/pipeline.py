@@ -365,26 +365,17 @@ class _Chunks(grain.MapDataset):
 
 
 def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
-                  batch_size: int, seq_len: int, seed: int = 0,
-                  shuffle: bool = True, num_epochs: int | None = None,
-                  process_index: int | None = None,
-                  process_count: int | None = None,
-                  num_threads: int = 4,
-                  cache_limit: int = 200_000,
                   worker_count: int = 0, worker_buffer_size: int = 2,
-                  source=None) -> Batches:
-  """A resumable iterator of local batches (see :class:`Batches`).
+                  **batching: Any) -> Batches:
+  """A resumable iterator of local batches (see :class:`Batches`) of
+  ``make_dataset(data_cfg, split, tokenizer, **batching)``.
 
   worker_count > 0 builds batches in that many worker processes (Grain's
   multiprocessing), each reading, packing and batching its own share of
   this host's examples, worker_buffer_size batches ahead; the batches then
   come from the workers in turn. 0 builds them in this process (threads).
   """
-  ds = make_dataset(
-      data_cfg, split, tokenizer, batch_size=batch_size, seq_len=seq_len,
-      seed=seed, shuffle=shuffle, num_epochs=num_epochs,
-      process_index=process_index, process_count=process_count,
-      num_threads=num_threads, cache_limit=cache_limit, source=source)
+  ds = make_dataset(data_cfg, split, tokenizer, **batching)
   if worker_count:
     if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags
       flags.FLAGS.mark_as_parsed()
@@ -457,25 +448,42 @@ class Batches:
     self._it.close()
 
 
-def initial_state(data_cfg: Any, split: str, *, batch_size: int,
-                  seq_len: int, seed: int = 0) -> dict[str, Any]:
-  """What ``make_iterator(data_cfg, split, ...).get_state()`` gives before
-  the first batch, without reading the dataset (for a checkpoint written
-  outside training, e.g. of imported parameters).
+def train_iterator(cfg: Any, tokenizer: Tokenizer, **batching: Any
+                   ) -> Batches:
+  """The training batches of an experiment config: ``cfg.data`` on its
+  ``train_split``, ``cfg.batch_size`` rows of ``cfg.seq_len``, shuffled by
+  ``cfg.seed``, built by ``data.worker_count`` processes. ``batching``
+  adds or overrides ``make_dataset``'s keyword arguments."""
+  d = cfg.data
+  return make_iterator(
+      d, d.get('train_split', 'train'), tokenizer,
+      worker_count=d.get('worker_count', 0),
+      worker_buffer_size=d.get('worker_buffer_size', 2),
+      **{'batch_size': cfg.batch_size, 'seq_len': cfg.seq_len,
+         'seed': cfg.seed, **batching})
+
+
+def initial_state(cfg: Any) -> dict[str, Any]:
+  """What ``train_iterator(cfg, ...).get_state()`` gives before the first
+  batch, without reading the dataset (for a checkpoint written outside
+  training, e.g. of imported parameters).
 
   An unread iterator's state follows from the pipeline's shape, not from
   the examples, so it is taken from the same pipeline over a one-example
   stand-in source, tokenized as bytes.
   """
-  cfg = DataConfig.from_any(data_cfg)
-  spec = get_spec(cfg.name)
+  data_cfg = DataConfig.from_any(cfg.data)
+  spec = get_spec(data_cfg.name)
   if spec.task == 'translation':
-    example = dict.fromkeys(translation_keys(spec, cfg.direction), 'a')
+    example = dict.fromkeys(translation_keys(spec, data_cfg.direction), 'a')
   else:  # enough tokens for one window of a stream
-    example = {spec.text_key: 'a' * (seq_len + 1)}
-  return make_iterator(cfg, split, ByteTokenizer(), batch_size=batch_size,
-                       seq_len=seq_len, seed=seed, process_index=0,
-                       process_count=1, source=[example]).get_state()
+    example = {spec.text_key: 'a' * (cfg.seq_len + 1)}
+  it = train_iterator(cfg, ByteTokenizer(), process_index=0, process_count=1,
+                      source=[example])
+  try:
+    return it.get_state()
+  finally:
+    it.close()
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh,

@@ -29,8 +29,10 @@ where it has none), and ``decode`` drops its special tokens. The trainer,
 batching and decoders use the reserved ids above, so such a tokenizer fits
 them when its special tokens sit at 0, 1 and 2 (train it with
 ``special_tokens=['<pad>', '<s>', '</s>', '<unk>']`` first);
-:func:`reserved_id_mismatches` names the ones that do not (GPT-2's
-``<|endoftext|>`` is 50256, and its ids 0, 1, 2 are ``!``, ``"``, ``#``).
+:func:`jax_transformer.interop.hf_tokenizer.reserved_id_mismatches` names
+the ones that do not (GPT-2's ``<|endoftext|>`` is 50256, and its ids 0, 1,
+2 are ``!``, ``"``, ``#``); that module also writes any of these tokenizers
+for ``transformers``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 from tokenizers import Tokenizer as _Backend
-from tokenizers import decoders, models, pre_tokenizers
 
 from jax_transformer.errors import UsageError
 from jax_transformer.reserved_ids import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, UNK_ID
@@ -54,7 +55,8 @@ from jax_transformer.reserved_ids import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID, U
 _CONFIG_FILE = 'tokenizer.json'
 _SPM_FILE = 'spm.model'
 _HF_FILE = 'hf_tokenizer.json'
-_HF_CONFIG_FILE = 'tokenizer_config.json'
+# transformers' tokenizer settings (written by interop.hf_tokenizer).
+HF_CONFIG_FILE = 'tokenizer_config.json'
 _SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 
 
@@ -270,7 +272,7 @@ class HuggingFaceTokenizer:
               encoding='utf-8') as f:
       text = f.read()
     specials = {}
-    for name in ('special_tokens_map.json', _HF_CONFIG_FILE):
+    for name in ('special_tokens_map.json', HF_CONFIG_FILE):
       path = os.path.join(directory, name)
       if not os.path.exists(path):
         continue
@@ -313,19 +315,10 @@ class HuggingFaceTokenizer:
     (epath.Path(directory) / _HF_FILE).write_text(self._json,
                                                  encoding='utf-8')
 
-  def save_pretrained(self, directory: str | os.PathLike) -> None:
-    """tokenizer.json and tokenizer_config.json, which transformers'
-    ``AutoTokenizer.from_pretrained(directory)`` reads."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, 'tokenizer.json'), 'w',
-              encoding='utf-8') as f:
-      f.write(self._json)
-    config = {'tokenizer_class': 'PreTrainedTokenizerFast',
-              **{f'{k}_token': v for k, v in self.special_tokens.items()
-                 if v is not None}}
-    with open(os.path.join(directory, _HF_CONFIG_FILE), 'w') as f:
-      json.dump(config, f, indent=2, sort_keys=True)
-      f.write('\n')
+  @property
+  def tokenizer_json(self) -> str:
+    """The tokenizer.json text it was built from."""
+    return self._json
 
   def __getstate__(self):
     return {'json': self._json, 'special_tokens': self.special_tokens}
@@ -335,52 +328,6 @@ class HuggingFaceTokenizer:
 
   def __repr__(self) -> str:
     return f'HuggingFaceTokenizer(vocab_size={self.vocab_size})'
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-  """GPT-2's table from bytes to printable characters (the ByteLevel
-  alphabet of ``tokenizers``)."""
-  printable = {*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1),
-               *range(ord('®'), ord('ÿ') + 1)}
-  table, extra = {}, 0
-  for b in range(256):
-    if b in printable:
-      table[b] = chr(b)
-    else:
-      table[b] = chr(256 + extra)
-      extra += 1
-  return table
-
-
-def to_huggingface(tokenizer: Tokenizer) -> HuggingFaceTokenizer | None:
-  """The same tokenizer (same ids, same text) for ``transformers``, or None
-  where there is none here (SentencePiece).
-
-  Bytes become a byte-level BPE without merges: byte b is id b + 4, the
-  reserved ids are the special tokens <pad>, <s>, </s>, <unk>.
-  """
-  if isinstance(tokenizer, HuggingFaceTokenizer):
-    return tokenizer
-  if not isinstance(tokenizer, ByteTokenizer):
-    return None
-  names = ('<pad>', '<s>', '</s>', '<unk>')
-  vocab = {name: i for i, name in enumerate(names)}
-  vocab.update({c: b + NUM_RESERVED for b, c in _bytes_to_unicode().items()})
-  backend = _Backend(models.BPE(vocab, merges=[]))
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                   use_regex=False)
-  backend.decoder = decoders.ByteLevel()
-  backend.add_special_tokens(list(names))
-  return HuggingFaceTokenizer(backend.to_str(), dict(zip(_HF_SPECIALS, names)))
-
-
-def reserved_id_mismatches(tokenizer: Tokenizer) -> list[str]:
-  """'eos is 50256'-style notes for each of PAD/BOS/EOS that the tokenizer
-  puts elsewhere than the reserved id the trainer and decoders use."""
-  return [f'{name} is {getattr(tokenizer, f"{name}_id")}'
-          for name, want in (('pad', PAD_ID), ('bos', BOS_ID),
-                             ('eos', EOS_ID))
-          if getattr(tokenizer, f'{name}_id', want) != want]
 
 
 def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
@@ -442,5 +389,4 @@ def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
 __all__: Sequence[str] = (
     'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'NUM_RESERVED', 'Tokenizer',
     'ByteTokenizer', 'SentencePieceTokenizer', 'HuggingFaceTokenizer',
-    'load_tokenizer', 'make_tokenizer', 'reserved_id_mismatches',
-    'to_huggingface')
+    'load_tokenizer', 'make_tokenizer')

@@ -4,5 +4,5 @@
 convention), ``torch_reference`` (the same models written in PyTorch, for
 parity tests and exports), ``exporter`` (a workdir to a PyTorch state dict,
 safetensors or a Hugging Face folder), ``importer`` (those files into a new
-workdir).
+workdir), ``hf_tokenizer`` (a workdir's tokenizer for ``transformers``).
 """

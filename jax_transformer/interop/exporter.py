@@ -42,9 +42,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from jax_transformer import data
-from jax_transformer.data import tokenizers
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import torch_compat
+from jax_transformer.interop import hf_tokenizer, torch_compat
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
@@ -164,13 +163,13 @@ def _write_hf(trained: Trained, out: str) -> list[str]:
     del state_dict['lm_head.weight']  # transformers ties it on loading
   save_file(state_dict, os.path.join(out, HF_WEIGHTS),
             metadata={'format': 'pt'})
-  hf_tokenizer = tokenizers.to_huggingface(trained.tokenizer)
-  if hf_tokenizer is None:
+  converted = hf_tokenizer.to_huggingface(trained.tokenizer)
+  if converted is None:
     return [f'The {trained.tokenizer.kind} tokenizer has no transformers '
             f'form here, so {out} holds the model only (the workdir\'s '
             f'{workdir_lib.TOKENIZER_DIR}/ has it for the sentencepiece '
             'library).']
-  hf_tokenizer.save_pretrained(out)
+  hf_tokenizer.save_pretrained(converted, out)
   return []
 
 

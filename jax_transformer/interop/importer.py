@@ -40,7 +40,7 @@ import numpy as np
 from jax_transformer import data
 from jax_transformer.data import tokenizers
 from jax_transformer.errors import UsageError, first_line
-from jax_transformer.interop import torch_compat
+from jax_transformer.interop import hf_tokenizer, torch_compat
 from jax_transformer.interop.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
@@ -259,9 +259,7 @@ def write_workdir(workdir: str, cfg: ml_collections.ConfigDict, tokenizer,
   except ValueError as e:
     raise UsageError(str(e)) from None
   state = setup.state_for(params, cfg.seed, step)
-  data_state = data.initial_state(
-      cfg.data, cfg.data.get('train_split', 'train'),
-      batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed)
+  data_state = data.initial_state(cfg)
   checkpoint.save_side_files(workdir, cfg, tokenizer)
   checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
   try:
@@ -292,7 +290,7 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
   params = build_params(source, model_config)
   write_workdir(workdir, cfg, tokenizer, params, source.step)
   notes = []
-  moved = tokenizers.reserved_id_mismatches(tokenizer)
+  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
   if moved:
     notes.append(
         f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 
+import ml_collections
 import numpy as np
 import pytest
 import repo
@@ -396,8 +397,8 @@ def test_import_refuses_bad_input(capsys, tmp_path, ende_file, ende_workdir):
 
 
 def test_initial_data_state_is_a_fresh_iterators(data_dir):
-  cfg = {'name': 'shakespeare', 'data_dir': data_dir}
-  fresh = data.make_iterator(cfg, 'train', data.ByteTokenizer(), batch_size=4,
-                             seq_len=16, seed=3)
-  assert data.initial_state(cfg, 'train', batch_size=4, seq_len=16,
-                            seed=3) == fresh.get_state()
+  cfg = ml_collections.ConfigDict(dict(
+      data={'name': 'shakespeare', 'data_dir': data_dir}, batch_size=4,
+      seq_len=16, seed=3))
+  fresh = data.train_iterator(cfg, data.ByteTokenizer())
+  assert data.initial_state(cfg) == fresh.get_state()
