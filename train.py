@@ -24,6 +24,7 @@ from typing import Sequence
 from absl import app, flags, logging
 
 from jax_transformer import cli
+from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import exits
 
@@ -64,13 +65,13 @@ def define_flags(values: flags.FlagValues) -> None:
                       'Persistent XLA compilation cache: a second start with '
                       'the same shapes skips compiling ("" turns it off).',
                       flag_values=values)
-  flags.DEFINE_string('aot_target', None, 'Only compile the run for this '
-                      'accelerator target (e.g. v5p-128, h100-8) with its '
-                      'own compiler, here, without the hardware: exit 0 if '
-                      "it fits, 2 if not (needs pip install -e '.[aot]').",
-                      flag_values=values)
-  flags.DEFINE_integer('aot_slices', 1, 'With --aot_target: TPU slices.',
-                       flag_values=values)
+  target_flags.define_target(
+      values, prefix='aot_', help_='Only compile the run for this '
+      'accelerator target (e.g. v5p-128, h100-8) with its own compiler, '
+      'here, without the hardware: exit 0 if it fits, 2 if not (needs pip '
+      "install -e '.[aot]').")
+  # Listed by --help as train.py's own flags.
+  flags.adopt_module_key_flags(target_flags, flag_values=values)
   flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
                     'reuse (glibc), so CPU steps do not page-fault their '
                     'temporaries in every step (see jax_transformer/'
@@ -114,10 +115,10 @@ def compile_for_target(values: flags.FlagValues) -> int:
   from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
   targets.target(values.aot_target)  # a bad name: one line, before JAX
   targets.prepare_host()
-  from jax_transformer.train import target_report  # pylint: disable=g-import-not-at-top
-  row = target_report.check_fits(values.config, CONFIG_SPEC[0],
-                                 values.aot_target, values.aot_slices)
-  print(target_report.summary(row))
+  from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
+  row = report.check_fits(values.config, CONFIG_SPEC[0], values.aot_target,
+                          values.aot_slices)
+  print(report.summary(row))
   return 0
 
 

@@ -8,16 +8,17 @@ With ``--target NAME`` (``pip install -e '.[aot]'``): the run as
 ``--config NAME[:preset]`` and any ``--config.a.b=value`` configure it,
 compiled by that accelerator's own compiler for its devices (TPU slices,
 ``--slices N`` of them, or an 8-GPU host), without the hardware; one JSON
-row (``jax_transformer/train/target_report.py``): per-chip memory against
+row (``jax_transformer/compile/report.py``): per-chip memory against
 the chip's, compile times of the train and eval steps, XLA's cost figures,
 collective bytes, the attention kernel, and a roofline bound on step time
-and MFU. ``--serialize PATH`` writes the compiled train step. Targets:
+and MFU (the planner's step-time model, ``compile/step_model.py``).
+``--serialize PATH`` writes the compiled train step. Targets:
 ``jax_transformer/runtime/targets.py``.
 
 On a mesh of 8 CPU devices (FSDP 4 x tensor 2), the train steps of
 ``configs/lm_350m.py`` and ``configs/lm_1_3b.py`` are lowered and compiled
-ahead of time from abstract state (``jax_transformer/train/aot.py``); nothing is
-allocated or run. Suites:
+ahead of time from abstract state (``jax_transformer/compile/prove.py``);
+nothing is allocated or run. Suites:
 
 * ``size``: per-device memory (the pre-flight estimate and XLA's figure)
   and compile time of each model with remat 'none', 'dots' and 'full', and
@@ -50,40 +51,77 @@ from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.bench.rows import stream
+from jax_transformer.compile import flags as target_flags
+from jax_transformer.compile import prove, report
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import targets
-from jax_transformer.train import aot, memory, target_report
+from jax_transformer.train import memory
 
 MODELS = {'350m': 'lm_350m', '1.3b': 'lm_1_3b'}
 VOCAB = 32768
+# The flags of the CPU suites (without --target).
+SUITE_FLAGS = ('suite', 'models', 'depths', 'repeats', 'batch_size', 'mesh')
 
 
 def parse_args(argv):
-  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--suite', choices=('size', 'depth', 'all'), default='all')
-  p.add_argument('--models', default='350m,1.3b',
-                 help='comma-separated, of ' + ', '.join(MODELS))
-  p.add_argument('--depths', default='12,48',
-                 help='layer counts for the depth suite')
-  p.add_argument('--repeats', type=int, default=3,
-                 help='depth suite: rounds of the scanned compiles')
-  p.add_argument('--batch_size', type=int, default=16,
-                 help='global batch of 1024-token rows')
-  p.add_argument('--mesh', default='1,4,2', help='data,fsdp,tensor')
-  p.add_argument('--output', help='also write the JSON lines here')
-  return p.parse_args(argv)
+  """(config, its spec, flag values): the config and spec None without
+  --target (the CPU suites)."""
+  values = flags.FlagValues()
+  flags.DEFINE_enum('suite', 'all', ['size', 'depth', 'all'],
+                    'Without --target: the CPU suites to run.',
+                    flag_values=values)
+  flags.DEFINE_string('models', '350m,1.3b',
+                      'comma-separated, of ' + ', '.join(MODELS),
+                      flag_values=values)
+  flags.DEFINE_string('depths', '12,48', 'layer counts for the depth suite',
+                      flag_values=values)
+  flags.DEFINE_integer('repeats', 3,
+                       'depth suite: rounds of the scanned compiles',
+                       flag_values=values)
+  flags.DEFINE_integer('batch_size', 16, 'global batch of 1024-token rows',
+                       flag_values=values)
+  flags.DEFINE_string('mesh', '1,4,2', 'data,fsdp,tensor', flag_values=values)
+  target_flags.define_target(values)
+  target_flags.define_serialize(values)
+  target_flags.define_output(values, 'the JSON lines')
+  cfg, spec = target_flags.parse('compile_at_size.py', argv, values,
+                                 __doc__, config='optional')
+  if values.target is None:
+    if cfg is not None:
+      raise UsageError('--config configures a compile for a target; give '
+                       '--target NAME too (without it the CPU suites run '
+                       'their own configs).')
+    if values.serialize:
+      raise UsageError('--serialize writes a --target compile; give '
+                       '--target NAME too.')
+    if values.slices != 1:
+      raise UsageError('--slices needs --target NAME.')
+    return None, None, values
+  given = [f'--{name}' for name in SUITE_FLAGS if values[name].present]
+  if given:
+    raise UsageError(f'{", ".join(given)}: a flag of the CPU suites; with '
+                     '--target, configure the run with --config.a.b=value.')
+  if cfg is None:
+    raise UsageError('--target needs --config NAME[:preset]; give a config '
+                     'such as lm_1_3b.')
+  targets.target(values.target)
+  return cfg, spec, values
 
 
 def config(name: str, args, **model):
   cfg = cli.load_config(MODELS[name])
-  data, fsdp, tensor = (int(x) for x in args.mesh.split(','))
+  try:
+    data, fsdp, tensor = (int(x) for x in args.mesh.split(','))
+  except ValueError:
+    raise UsageError(f'--mesh {args.mesh}: give data,fsdp,tensor, e.g. '
+                     '1,4,2.') from None
   cfg.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
   cfg.batch_size = args.batch_size
   cfg.model.update(**model)
   return cfg
 
 
-def row(suite: str, name: str, cfg, proof: aot.Proof) -> dict:
+def row(suite: str, name: str, cfg, proof: prove.Proof) -> dict:
   m = cfg.model
   out = {'suite': suite, 'model': name, 'layers': m.num_decoder_layers,
          'scan_layers': m.scan_layers, 'remat': m.remat,
@@ -104,7 +142,7 @@ def size_suite(args):
       variants.append(dict(remat='dots', param_dtype='bfloat16'))
     for changes in variants:
       cfg = config(name, args, **changes)
-      yield row('size', name, cfg, aot.prove(cfg, VOCAB))
+      yield row('size', name, cfg, prove.prove(cfg, VOCAB))
 
 
 def depth_suite(args):
@@ -117,7 +155,7 @@ def depth_suite(args):
       for scan in (True, False) if round_ == 0 else (True,):
         cfg = config('350m', args, num_decoder_layers=layers,
                      scan_layers=scan)
-        yield dict(row('depth', '350m', cfg, aot.prove(cfg, VOCAB)),
+        yield dict(row('depth', '350m', cfg, prove.prove(cfg, VOCAB)),
                    round=round_)
 
 
@@ -151,39 +189,20 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
-def parse_target_args(argv: list[str]):
-  """(config, its spec, flag values) of a --target command line."""
-  values = flags.FlagValues()
-  flags.DEFINE_string('target', None, ', '.join(targets.TARGETS),
-                      flag_values=values)
-  flags.DEFINE_integer('slices', 1, 'TPU slices', flag_values=values)
-  flags.DEFINE_string('serialize', None, 'write the compiled train step here',
-                      flag_values=values)
-  flags.DEFINE_string('output', None, 'also write the JSON row here',
-                      flag_values=values)
-  cfg, spec, rest = cli.parse_config_flags(['compile_at_size.py', *argv],
-                                           None, values)
-  if rest:
-    raise UsageError(f'Unexpected arguments {rest}.')
-  targets.target(values.target)
-  return cfg, spec, values
-
-
-def target_main(argv: list[str]) -> int:
-  cfg, spec, values = parse_target_args(argv)
-  row = target_report.report(cfg, spec, values.target, values.slices,
-                             values.serialize)
+def target_main(cfg, spec: str, values) -> int:
+  row = report.report(cfg, spec, values.target, values.slices,
+                      values.serialize)
   stream([row], values.output)
-  print(target_report.summary(row), file=sys.stderr)
+  print(report.summary(row), file=sys.stderr)
   return 0
 
 
 @cli.entry_point('compile_at_size.py')
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
-  if any(a == '--target' or a.startswith('--target=') for a in argv):
-    return target_main(argv)
-  args = parse_args(argv)
+  cfg, spec, args = parse_args(argv)
+  if args.target is not None:
+    return target_main(cfg, spec, args)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]
   rows = stream((r for suite in suites for r in suite(args)), args.output)

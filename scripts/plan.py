@@ -11,7 +11,8 @@ make the global batch; prunes those the pre-flight memory estimate rules
 out; compiles the rest, the config's own layout first and then by a
 guessed time, with the target's compiler while --budget_s lasts (results
 are cached by the lowered step's fingerprint); ranks those that fit by a
-step-time model of each executable (``jax_transformer/plan/``). Prints
+step-time model of each executable (``jax_transformer/plan/``,
+``jax_transformer/compile/step_model.py``). Prints
 the table and the winner as ``train.py`` flags; --output gets one JSON
 row per candidate. Needs ``pip install -e '.[aot]'`` (and the GPU
 compiler for h100/h200 targets, see docs/scaling.md).
@@ -32,6 +33,7 @@ os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
 from absl import flags
 
 from jax_transformer import cli
+from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
@@ -44,9 +46,8 @@ SHOWN = 12
 def parse_args(argv: list[str]):
   """(config, spec, the --config.* overrides given, flag values)."""
   values = flags.FlagValues()
-  flags.DEFINE_string('target', None, ', '.join(targets.TARGETS),
-                      flag_values=values)
-  flags.DEFINE_integer('slices', 1, 'TPU slices', flag_values=values)
+  target_flags.define_target(values, help_='Plan for ' +
+                             target_flags.TARGETS_HELP + ' (required).')
   flags.DEFINE_integer('global_batch', None, 'rows per optimizer update',
                        flag_values=values)
   flags.DEFINE_integer('tokens_per_step', None,
@@ -54,8 +55,7 @@ def parse_args(argv: list[str]):
                        flag_values=values)
   flags.DEFINE_float('budget_s', 600, 'seconds the plan may take',
                      flag_values=values)
-  flags.DEFINE_string('output', None, 'one JSON row per candidate here',
-                      flag_values=values)
+  target_flags.define_output(values, 'one JSON row per candidate')
   flags.DEFINE_list('param_dtypes', list(cands.PARAM_DTYPES),
                     'parameter dtypes to consider (bfloat16 parameters and '
                     "Adam moments change the training's numerics)",
@@ -63,9 +63,7 @@ def parse_args(argv: list[str]):
   flags.DEFINE_string('cache_dir', search.DEFAULT_CACHE,
                       'compiled candidates kept here ("" for none)',
                       flag_values=values)
-  cfg, spec, rest = cli.parse_config_flags(['plan.py', *argv], None, values)
-  if rest:
-    raise UsageError(f'Unexpected arguments {rest}.')
+  cfg, spec = target_flags.parse('plan.py', argv, values, __doc__)
   if values.target is None:
     raise UsageError('--target is required; choose one of '
                      f'{", ".join(targets.TARGETS)}.')

@@ -24,7 +24,11 @@ import re
 import subprocess
 import sys
 
+from absl import flags
+
 from jax_transformer import cli
+from jax_transformer.compile import flags as target_flags
+from jax_transformer.errors import UsageError
 from jax_transformer.runtime import targets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,22 +43,25 @@ GB = 1e9
 
 
 def parse_args(argv=None):
-  p = cli.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--configs', default=','.join(CONFIGS),
-                 help='comma-separated NAME[:preset]')
-  p.add_argument('--targets', default=','.join(TARGETS),
-                 help='comma-separated, of ' + ', '.join(targets.TARGETS))
-  p.add_argument('--timeout', type=float, default=1800,
-                 help='seconds one compile may take')
-  p.add_argument('--output', help='also write the JSON rows here')
-  args = p.parse_args(argv)
-  for name in args.targets.split(','):
+  """The flag values of argv (the flags, without the program)."""
+  values = flags.FlagValues()
+  flags.DEFINE_list('configs', list(CONFIGS), 'comma-separated NAME[:preset]',
+                    flag_values=values)
+  flags.DEFINE_list('targets', list(TARGETS),
+                    'comma-separated, of ' + ', '.join(targets.TARGETS),
+                    flag_values=values)
+  flags.DEFINE_float('timeout', 1800, 'seconds one compile may take',
+                     flag_values=values)
+  target_flags.define_output(values)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  target_flags.parse('target_table.py', argv, values, __doc__, config='never')
+  for name in values.targets:
     if name not in targets.TARGETS:
-      p.error(f'--targets: unknown {name}; choose from '
-              f'{", ".join(targets.TARGETS)}.')
-  for spec in args.configs.split(','):
+      raise UsageError(f'--targets: unknown {name}; choose from '
+                       f'{", ".join(targets.TARGETS)}.')
+  for spec in values.configs:
     cli.config_path(spec.partition(':')[0])  # a missing one: one line
-  return args
+  return values
 
 
 def compile_pair(config: str, target: str, timeout: float,
@@ -131,8 +138,8 @@ def markdown(rows: list[dict]) -> str:
 def main(argv=None) -> int:
   args = parse_args(argv)
   rows = []
-  for target in args.targets.split(','):
-    for config in args.configs.split(','):
+  for target in args.targets:
+    for config in args.configs:
       for row in pair_rows(config, target, args.timeout):
         print(f'{config} on {row["target"]}: '
               f'{row.get("error") or "compiled"}', file=sys.stderr,

@@ -11,8 +11,10 @@ import sys
 
 import pytest
 import repo
+from absl import flags as absl_flags
 
 from jax_transformer import cli
+from jax_transformer.compile import flags as target_flags
 from jax_transformer.train import recipes
 
 ROOT = pathlib.Path(repo.ROOT)
@@ -97,6 +99,20 @@ def script_flags(script: pathlib.Path) -> set[str]:
       flags.add(strings[0])
       if name == 'DEFINE_bool':
         flags.add('no' + strings[0])
+    elif name.startswith('define_') and hasattr(target_flags, name):
+      # The flags defined once for every script (compile/flags.py), as
+      # this call's literal keywords define them.
+      values = absl_flags.FlagValues()
+      getattr(target_flags, name)(values, **{
+          k.arg: k.value.value for k in node.keywords
+          if isinstance(k.value, ast.Constant)})
+      flags |= set(values)
+    elif name == 'parse' and getattr(
+        getattr(node.func, 'value', None), 'id', '') == 'target_flags':
+      keywords = {k.arg: getattr(k.value, 'value', None)
+                  for k in node.keywords}
+      if keywords.get('config') != 'never':  # compile/flags.parse
+        flags.add('config')
   return flags
 
 
@@ -201,4 +217,8 @@ def test_the_flag_and_file_checks_see_wrong_names():
   flags = script_flags(ROOT / program)
   assert 'workdir' in flags and 'no_such_flag' not in flags
   assert 'config' in script_flags(ROOT / 'train.py')
+  # Flags defined once in jax_transformer/compile/flags.py count too.
+  assert {'aot_target', 'aot_slices'} <= script_flags(ROOT / 'train.py')
+  assert {'target', 'slices', 'output'} <= script_flags(
+      ROOT / 'scripts' / 'plan.py')
   assert PATH.findall('see `scripts/no_such.py`') == ['scripts/no_such.py']

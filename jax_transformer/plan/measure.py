@@ -13,17 +13,19 @@ import ml_collections
 import numpy as np
 
 from jax_transformer import cli
+from jax_transformer.compile import lowering
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
-from jax_transformer.train import target_report
+from jax_transformer.runtime import targets
 
 
 def step_runner(cfg: ml_collections.ConfigDict, devices: list,
                 vocab_size: int) -> Callable[[], None]:
   """A function running cfg's train step once on devices (compiled here,
   state initialised from cfg's seed, one fixed batch of random tokens)."""
-  platform = devices[0].platform.replace('cuda', 'gpu')
-  run = target_report.lower_train(cfg, devices, platform, vocab_size)
+  run = lowering.lower_train(cfg, devices,
+                             targets.kernel_platform(devices[0].platform),
+                             vocab_size)
   compiled = run.lowered.compile()
   state = jax.jit(lambda: run.setup.init_state(cfg.seed),
                   out_shardings=run.shardings)()

@@ -9,7 +9,8 @@ seen for its remat policy is over the chip's memory. The survivors are
 ordered by a guess made without compiling (``guess``: FLOPs and
 collective bytes counted from the model), and compiled in that order,
 the config's own layout first, while the time budget lasts; each
-compiled step's time comes from its executable (``step_model.py``).
+compiled step's time comes from its executable (the step-time model of
+``compile/step_model.py``, which the target report's roofline shares).
 Compiled results are kept on disk by the fingerprint of the lowered
 step, so a second plan compiles only what changed.
 """
@@ -27,18 +28,12 @@ from typing import Any, Callable
 import jax
 import ml_collections
 
-from jax_transformer.errors import UsageError
+from jax_transformer.compile import lowering, report, step_model
+from jax_transformer.errors import UsageError, first_line
 from jax_transformer.model import attention, sharding
 from jax_transformer.plan import candidates as cands
-from jax_transformer.plan import step_model
 from jax_transformer.runtime import targets
-from jax_transformer.train import (
-  experiment,
-  memory,
-  perf,
-  steps,
-  target_report,
-)
+from jax_transformer.train import experiment, memory, perf, steps
 
 # The estimate is within ~20% of the TPU compiler's figure
 # (docs/scaling.md): a candidate is pruned only when even a 20%
@@ -66,24 +61,18 @@ class Where:
   def target(cls, name: str, slices: int = 1) -> 'Where':
     t = targets.target(name)
     devices = tuple(targets.devices(t, slices))
-    platform = 'gpu' if t.platform == 'cuda' else 'tpu'
-    return cls(name, devices, platform, step_model.Rates.of_target(t),
+    return cls(name, devices, t.kernel_platform, step_model.Rates.of_target(t),
                slices)
 
   @classmethod
   def here(cls, devices=None) -> 'Where':
     devices = tuple(devices or jax.devices())
-    return cls('here', devices, devices[0].platform.replace('cuda', 'gpu'),
+    return cls('here', devices, targets.kernel_platform(devices[0].platform),
                step_model.Rates.of_devices(list(devices)))
 
   @property
   def chips(self) -> int:
     return len(self.devices)
-
-
-def _src_len(cfg, mc) -> int:
-  return ((cfg.data.get('src_len') or cfg.seq_len)
-          if mc.num_encoder_layers else 0)
 
 
 def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
@@ -95,7 +84,7 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
   a layout that moves more per FLOP, such as many accumulation steps each
   gathering every weight, comes later). Only orders the compiles."""
   rates, chips = where.rates, where.chips
-  flops = perf.step_flops(mc, c.batch_size, _src_len(cfg, mc),
+  flops = perf.step_flops(mc, c.batch_size, experiment.source_len(cfg),
                           cfg.seq_len)['train']
   compute = flops * REMAT_RECOMPUTE[c.remat] / chips / rates.peak_flops
   p = num_params * (2 if c.param_dtype == 'bfloat16' else 4) / c.tensor
@@ -210,25 +199,30 @@ def compile_candidate(s: Sized, where: Where, cache: Cache,
                       vocab_size: int) -> dict[str, Any]:
   """s compiled (or found in the cache): its fits, per-chip memory,
   cost, compile time and fingerprint."""
-  run = target_report.lower_train(s.cfg, list(where.devices),
-                                  where.platform, vocab_size, s.setup)
+  run = lowering.lower_train(s.cfg, list(where.devices), where.platform,
+                             vocab_size, s.setup)
   key = cache.key(run.lowered, where)
   found = cache.get(key)
   if found is not None:
     return dict(found, status='cached', fingerprint=key)
-  step = target_report.compile_lowered(run.lowered, run.lower_s)
-  mc = s.setup.model_config
+  result = compiled_result(report.compile_lowered(run.lowered, run.lower_s),
+                           s, where)
+  cache.put(key, result)
+  return dict(result, status='compiled', fingerprint=key)
+
+
+def compiled_result(step: report.StepCompile, s: Sized, where: Where
+                    ) -> dict[str, Any]:
+  """What the plan keeps of s's compiled step (its cost, from the
+  executable: ``step_model.StepCost``)."""
   result = {'per_chip_bytes': step.per_chip_bytes,
             'compile_s': round(step.compile_s, 2)}
   if step.compiled is not None:
-    attn = perf.attention_flops(mc, s.cfg.batch_size, _src_len(s.cfg, mc),
-                                s.cfg.seq_len)
     cost = step_model.StepCost.of(
         step.compiled,
-        step_model.ATTENTION_KERNEL_TRAIN * attn / where.chips)
+        step_model.kernel_flops(s.cfg, s.setup.model_config, where.chips))
     result['cost'] = cost.to_json()
-  cache.put(key, result)
-  return dict(result, status='compiled', fingerprint=key)
+  return result
 
 
 def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
@@ -297,7 +291,7 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
       result = compile_candidate(s, where, cache, vocab_size)
     except Exception as err:  # pylint: disable=broad-except
       # One layout the compiler rejects is a row, not the end of the plan.
-      reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+      reason = first_line(err) or type(err).__name__
       rows.append(_sized_row(s, spec, where, global_batch, status='error',
                              reason=reason[:300]))
       log(f'  {s.candidate.describe()}: did not compile: {reason[:200]}')
@@ -311,7 +305,7 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
     if result['per_chip_bytes'] and s.estimate_bytes:
       ratios.setdefault(s.candidate.remat, []).append(
           result['per_chip_bytes'] / s.estimate_bytes)
-    row = _compiled_row(s, result, spec, where, global_batch)
+    row = compiled_row(s, result, spec, where, global_batch)
     rows.append(row)
     log(_progress(row))
   skipped = sum(r['status'] == 'skipped' for r in rows)
@@ -373,8 +367,10 @@ def _sized_row(s: Sized, spec, where, global_batch, **extra) -> dict:
               **extra)
 
 
-def _compiled_row(s: Sized, result: dict, spec, where, global_batch
-                  ) -> dict:
+def compiled_row(s: Sized, result: dict, spec, where, global_batch
+                 ) -> dict:
+  """s's plan row from its compiled result (``compiled_result``): the
+  step model's figures (``step_model.predict``) for an update."""
   row = _sized_row(s, spec, where, global_batch, **{
       k: v for k, v in result.items() if k != 'cost'})
   need, capacity = result['per_chip_bytes'], where.rates.memory_bytes
@@ -382,11 +378,9 @@ def _compiled_row(s: Sized, result: dict, spec, where, global_batch
   if 'cost' in result:
     cost = step_model.StepCost(**result['cost'])
     mc = s.setup.model_config
-    model = perf.step_flops(mc, global_batch, _src_len(s.cfg, mc),
-                            s.cfg.seq_len)['train']
-    row.update(step_model.predict(cost, where.rates,
-                                  s.candidate.grad_accum_steps, model,
-                                  where.chips))
+    row.update(step_model.predict(
+        cost, where.rates, step_model.grad_accum_steps(s.cfg),
+        step_model.update_flops(s.cfg, mc), where.chips))
     row['collective_bytes'] = cost.collective_bytes
     row['attention_kernels'] = cost.attention_kernels
   return row

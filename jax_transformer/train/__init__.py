@@ -7,6 +7,7 @@ steps), ``trainer`` (the loop: data, steps, checkpoints, signals),
 ``evaluation`` (loss, perplexity and BLEU), ``metrics`` (``metrics.jsonl``
 and TensorBoard), ``checkpoint`` (Orbax, with torn-checkpoint fallback),
 ``restore`` (a trained workdir opened for evaluation, decoding, export),
-``memory`` (the pre-flight memory estimate), ``perf`` (FLOPs and MFU),
-``aot`` (compiling a step for a target without running it).
+``memory`` (the pre-flight memory estimate), ``perf`` (FLOPs and MFU).
+Compiling a step for a target without running it is
+``jax_transformer.compile``'s.
 """

@@ -1,15 +1,15 @@
-"""The planner's parts on CPU host devices: candidates, the FLOP count from
-HLO, the step-time model's arithmetic, and a small plan with its cache."""
+"""The planner's parts on CPU host devices: candidates, pruning, and a
+small plan with its cache (the step-time model's own tests are
+tests/compile/test_step_model.py)."""
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from jax_transformer import cli
+from jax_transformer.compile import step_model
 from jax_transformer.errors import UsageError
 from jax_transformer.plan import candidates as cands
-from jax_transformer.plan import search, step_model
-from jax_transformer.train import hlo_stats
+from jax_transformer.plan import search
 
 
 def tiny_lm():
@@ -60,32 +60,6 @@ def test_the_shipped_layout_resolves_the_free_mesh_axis():
   assert (own.data, own.fsdp, own.tensor) == (1, 64, 1)
   assert (own.remat, own.loss_chunk_size, own.batch_size,
           own.grad_accum_steps) == ('dots', 8192, 1024, 1)
-
-
-def test_matmul_flops_count_every_trip_of_a_scanned_body():
-  def f(w, x):
-    y, _ = jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)
-    return y.sum()
-  hlo = jax.jit(jax.grad(f)).lower(
-      jnp.ones((3, 64, 64)), jnp.ones((8, 64))).compile().as_text()
-  per_step, once = hlo_stats.dot_flops(hlo)
-  forward = 3 * 2 * 8 * 64 * 64   # three layers of an 8 x 64 @ 64 x 64
-  assert per_step == 3 * forward  # and the backward's two matmuls each
-  assert once < per_step          # each body counted once
-
-
-def test_the_model_adds_parts_on_host_devices_and_takes_the_longest_on_chips():
-  cost = step_model.StepCost(flops=2e12, hbm_bytes=1e9, link_bytes=3e9,
-                             collectives=10, collective_bytes={},
-                             attention_kernels=[])
-  chip = step_model.Rates('chip', 1e12, 1e9, 1e9, None, overlap=True)
-  host = step_model.Rates('host', 1e12, 1e9, 1e9, None, overlap=False,
-                          collective_latency_s=0.1)
-  on_chip = step_model.predict(cost, chip, 2, 1e12, 1)
-  assert on_chip['predicted_step_s'] == pytest.approx(2 * 3.0)
-  assert on_chip['mfu_bound'] == pytest.approx(1 / 6)
-  on_host = step_model.predict(cost, host, 1, 1e12, 1)
-  assert on_host['predicted_step_s'] == pytest.approx(2 + 1 + 3 + 1)
 
 
 def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
@@ -164,36 +138,3 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
   others = [r for r in rows if not r['shipped']]
   assert {r['status'] for r in others} == {'pruned'}
   assert all('estimate x 3.00' in r['reason'] for r in others)
-
-
-# A weight gradient as a TPU's compiler writes it: heads as a window of 16
-# padded 15 each side over an input of size 1, so each output sees one
-# input position. True work: 2 x 1024 x 2048 x 16 x 128 multiply-adds.
-CONVOLUTION_HLO = ("""HloModule m
-
-ENTRY %main (x: bf16[2,1024,2048,1], g: bf16[2,1024,16,128]) -> bf16[2048,16,128,1] {
-  %x = bf16[2,1024,2048,1]{3,2,1,0} parameter(0)
-  %g = bf16[2,1024,16,128]{3,2,1,0} parameter(1)
-  ROOT %convolution.1 = bf16[2048,16,128,1]{3,2,1,0} convolution(%x, %g), """
-    """window={size=16x2 pad=15_15x0_0 rhs_reversal=1x0}, """
-    """dim_labels=1fb0_1i0o->b0f1
-}
-""")
-GEMM_HLO = ("""HloModule m
-
-ENTRY %main (a: bf16[8,4], b: bf16[4,16]) -> bf16[8,16] {
-  %a = bf16[8,4]{1,0} parameter(0)
-  %b = bf16[4,16]{1,0} parameter(1)
-  %gemm = (bf16[8,16]{1,0}, s8[64]{0}) custom-call(%a, %b), """
-    """custom_call_target="__cublas$gemm", backend_config={"gemm_backend_"""
-    """config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":"""
-    """["1"],"rhs_contracting_dimensions":["0"]}}}
-  ROOT %r = bf16[8,16]{1,0} get-tuple-element(%gemm), index=0
-}
-""")
-
-
-def test_matmuls_written_as_padded_convolutions_or_cublas_calls_count_once():
-  assert hlo_stats.dot_flops(CONVOLUTION_HLO)[0] == 2.0 * (
-      2 * 1024 * 2048 * 16 * 128)
-  assert hlo_stats.dot_flops(GEMM_HLO)[0] == 2.0 * 8 * 16 * 4

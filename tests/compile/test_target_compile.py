@@ -16,9 +16,9 @@ import pytest
 import repo
 import script_helpers
 
+from jax_transformer.compile import hlo_stats
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import gpu_specs, targets
-from jax_transformer.train import hlo_stats
 
 GPU_COMPILER = os.path.join(repo.ROOT, '.ci-cache', 'gpu-compiler')
 HAS_TPU = importlib.util.find_spec('libtpu') is not None
@@ -205,9 +205,11 @@ def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
                       'of 102.0 GB | yes | 896 | 0.85x | 97 s | 100% '
                       '| splash |')
   assert 'no compile within 1800 s' in lines[3]
-  with pytest.raises(SystemExit) as exit_:
+  with pytest.raises(UsageError, match='--targets: unknown v9-8'):
     table.parse_args(['--targets', 'v9-8'])
-  assert exit_.value.code == 2
+  assert table.main(['--targets', 'v9-8']) == 2
+  assert table.parse_args(['--targets', 'v5e-4,h100-8']).targets == [
+      'v5e-4', 'h100-8']
 
 
 def test_the_largest_batch_comes_from_two_compiles(monkeypatch):

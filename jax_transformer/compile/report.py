@@ -3,13 +3,12 @@ host, and what that compiler says: memory per chip against the chip's,
 compile time, cost, collective bytes, the attention kernel, and a
 roofline bound on step time and MFU.
 
-The roofline: a step takes at least the longest of its model FLOPs at the
-chips' peak (compute), its bytes accessed at HBM bandwidth (memory) and
-its collective bytes over the chip's links (communication); the MFU bound
-is compute / that. XLA's ``cost_analysis()`` counts a loop body once, so
-its bytes are scaled by the ratio of the model's FLOPs per chip to its
-FLOPs (a scanned stack of layers); collective bytes are counted per loop
-trip from the HLO (``hlo_stats``).
+The roofline is the planner's step-time model (``step_model.py``) of the
+compiled train step: compute, HBM and link seconds per chip, the longest
+of them the step's time on an accelerator, and the MFU bound the model's
+FLOPs at peak over that. XLA's ``cost_analysis()`` counts a loop body
+once; the model scales its FLOPs and bytes to the step by the HLO's own
+counts per loop trip (``hlo_stats``).
 """
 
 from __future__ import annotations
@@ -26,19 +25,12 @@ from flax import nnx
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.compile import hlo_stats, lowering, step_model
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets
-from jax_transformer.train import (
-  aot,
-  checks,
-  experiment,
-  hlo_stats,
-  memory,
-  perf,
-  steps,
-)
+from jax_transformer.train import experiment, memory, perf, steps
 
 # A TPU step over HBM fails to compile with, e.g., "the total memory
 # required for HLO temporaries (20.81G) exceeds available HBM (15.75G)" or
@@ -53,14 +45,6 @@ class StepCompile:
   compile_s: float
   per_chip_bytes: int | None
   compiled: Any = None       # jax.stages.Compiled, None when over memory
-
-
-def lower(jitted, args, mesh, platform: str) -> jax.stages.Lowered:
-  """jitted lowered for args as the platform's compiler would get it (its
-  attention kernel, the mesh's activation constraints)."""
-  with attention.compiling_for(platform), \
-      jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-    return jitted.lower(*args)
 
 
 def compile_lowered(lowered: jax.stages.Lowered,
@@ -83,45 +67,8 @@ def compile_lowered(lowered: jax.stages.Lowered,
 
 def _compile(jitted, args, mesh, platform: str) -> StepCompile:
   start = time.perf_counter()
-  lowered = lower(jitted, args, mesh, platform)
+  lowered = lowering.lower(jitted, args, mesh, platform)
   return compile_lowered(lowered, time.perf_counter() - start)
-
-
-@dataclasses.dataclass
-class TrainLowering:
-  """A run's train step lowered for a mesh of devices, with what the
-  report needs of the run."""
-  lowered: jax.stages.Lowered
-  lower_s: float
-  setup: experiment.Setup
-  mesh: jax.sharding.Mesh
-  shardings: dict[str, Any]
-  state: dict[str, Any]          # ShapeDtypeStructs with shardings
-  batch: dict[str, Any]
-  estimate: memory.Footprint
-
-
-def lower_train(cfg: ml_collections.ConfigDict, devices: list,
-                platform: str, vocab_size: int = 32768,
-                setup: experiment.Setup | None = None) -> TrainLowering:
-  """cfg's train step lowered on a mesh of devices, and the pre-flight
-  estimate (``setup`` reuses one built for cfg's model and optimizer)."""
-  checks.check_run_fields(cfg)
-  mesh = sharding.make_mesh(cfg.mesh, devices)
-  sharding.check_batch(cfg.batch_size, mesh)
-  setup = setup or experiment.setup(cfg, vocab_size)
-  abstract_state = setup.abstract_state(cfg.seed)
-  shardings, _ = steps.state_shardings(setup, mesh, abstract_state)
-  state = steps.sharded_abstract(abstract_state, shardings)
-  batch = aot.abstract_batch(cfg, mesh)
-  with attention.compiling_for(platform):  # 'auto' as the target picks
-    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
-                               shardings, mesh)
-  start = time.perf_counter()
-  lowered = lower(steps.jit_train_step(cfg, setup, mesh, shardings),
-                  (state, batch), mesh, platform)
-  return TrainLowering(lowered, time.perf_counter() - start, setup, mesh,
-                       shardings, state, batch, estimate)
 
 
 def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
@@ -129,7 +76,7 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
                   ) -> tuple[StepCompile, StepCompile, dict]:
   """cfg's train and eval steps on a mesh of devices; also facts of the
   run for the report (setup, the pre-flight estimate, the mesh)."""
-  run = lower_train(cfg, devices, platform, vocab_size)
+  run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
   eval_step = jax.jit(
@@ -162,7 +109,7 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
   def ids(length, dtype=jnp.int32):
     return jax.ShapeDtypeStruct((rows, length), dtype, sharding=by_row)
   if setup.model_config.num_encoder_layers:
-    source = cfg.data.get('src_len') or cfg.seq_len
+    source = experiment.source_len(cfg)
     given = inputs.Inputs(ids(1), ids(1, jnp.bool_), ids(source),
                           ids(source, jnp.bool_))
     new_tokens = cfg.seq_len - 1
@@ -184,43 +131,31 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
                      stats.total if stats else None, compiled)
 
 
-def xla_cost(compiled) -> dict[str, float]:
-  """XLA's cost analysis of a compiled step (empty where it has none)."""
-  try:
-    cost = compiled.cost_analysis()
-  except (NotImplementedError, jax.errors.JaxRuntimeError):
-    return {}
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  return dict(cost or {})
-
-
 def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
-             chip: targets.Chip, chips: int) -> dict[str, Any]:
-  """Bounds on the step's time from compute, HBM and links; the MFU bound.
-  """
-  src_len = (cfg.data.get('src_len') or cfg.seq_len
-             if setup.model_config.num_encoder_layers else 0)
-  model_flops = perf.step_flops(setup.model_config, cfg.batch_size, src_len,
+             rates: step_model.Rates, chips: int) -> dict[str, Any]:
+  """The step model's bounds on the step's time from compute, HBM and
+  links at rates, and the MFU bound (``step_model.figures``: the
+  planner's figures for the same executable)."""
+  mc = setup.model_config
+  model_flops = perf.step_flops(mc, cfg.batch_size,
+                                experiment.source_len(cfg),
                                 cfg.seq_len)['train']
-  compute_s = model_flops / (chips * perf.peak_flops(chip.kind))
-  row = {'model_flops_per_step': model_flops, 'compute_bound_s': compute_s}
+  row = {'model_flops_per_step': model_flops,
+         'compute_bound_s': model_flops / chips / rates.peak_flops}
   if train.compiled is None:
     return row
-  cost = xla_cost(train.compiled)
-  flops, accessed = cost.get('flops'), cost.get('bytes accessed')
-  hlo = train.compiled.as_text()
-  moved = hlo_stats.collective_bytes(hlo)
-  row.update(xla_flops_per_chip=flops, xla_bytes_accessed_per_chip=accessed,
-             collective_bytes=moved,
-             link_bound_s=hlo_stats.link_bytes(moved) / chip.link_bytes_per_s)
-  bounds = [compute_s, row['link_bound_s']]
-  if flops and accessed:
-    loops = max(1.0, model_flops / chips / flops)
-    row['hbm_bound_s'] = accessed * loops / chip.hbm_bytes_per_s
-    bounds.append(row['hbm_bound_s'])
-  row['step_time_bound_s'] = max(bounds)
-  row['mfu_bound'] = compute_s / row['step_time_bound_s']
+  cost, predicted = step_model.figures(train.compiled, cfg, mc, rates, chips)
+  xla = step_model.xla_cost(train.compiled)
+  row.update(xla_flops_per_chip=xla.get('flops'),
+             xla_bytes_accessed_per_chip=xla.get('bytes accessed'),
+             flops_per_chip=cost.flops, hbm_bytes_per_chip=cost.hbm_bytes,
+             collective_bytes=cost.collective_bytes,
+             compute_bound_s=predicted['compute_s'],
+             hbm_bound_s=predicted['hbm_s'],
+             link_bound_s=predicted['link_s'],
+             step_time_bound_s=predicted['step_s'],
+             predicted_step_s=predicted['predicted_step_s'],
+             mfu_bound=predicted['mfu_bound'])
   return row
 
 
@@ -229,7 +164,7 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
   """One JSON row: cfg (named spec) compiled for target_name x slices."""
   target = targets.target(target_name)
   devices = targets.devices(target, slices)
-  platform = 'gpu' if target.platform == 'cuda' else 'tpu'
+  platform = target.kernel_platform
   chip = targets.CHIPS[target.chip]
   kernel_note = None
   try:
@@ -270,7 +205,8 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
       'attention_kernel': kernel_note or kernel,
       'attention_kernels_in_hlo': in_hlo,
   }
-  row.update(roofline(train, cfg, setup, chip, len(devices)))
+  row.update(roofline(train, cfg, setup, step_model.Rates.of_target(target),
+                      len(devices)))
   row.setdefault('mfu_bound', None)
   if serialize and train.compiled is not None:
     _serialize(train.compiled, serialize)

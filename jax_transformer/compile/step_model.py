@@ -20,13 +20,20 @@ Against one chip's rates::
     link_s    = link_bytes / link bytes per s + collectives x latency
     step_s    = max(compute_s, memory_s, link_s)    accelerators (overlap)
               = compute_s + memory_s + link_s       CPU host devices
-    update_s  = grad_accum_steps x step_s
+    update_s  = grad_accum_steps x step_s           (predicted_step_s)
 
-and the MFU bound is the model's FLOPs at peak (``perf.step_flops``) over
-update_s. Accelerators overlap collectives with compute (asynchronous
-collectives) and a fused kernel's HBM traffic with its math, so the
+and the MFU bound is the model's FLOPs of an update at peak
+(``perf.step_flops``) over update_s. Accelerators overlap collectives
+with compute (asynchronous collectives) and a fused kernel's HBM traffic
+with its math, so the
 longest part bounds the step; host devices run each part in turn on the
 same cores, so the parts add.
+
+This is the one step-time model: the target report's roofline
+(``report.py``, ``scripts/compile_at_size.py --target``) and the planner
+(``plan/search.py``) both take their figures from ``predict`` of
+``StepCost.of`` one executable, with the FLOPs of ``kernel_flops`` and
+``update_flops``; ``figures`` is the two in one call.
 """
 
 from __future__ import annotations
@@ -37,11 +44,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.compile import hlo_stats
 from jax_transformer.runtime import targets
-from jax_transformer.train import hlo_stats, memory, perf, target_report
+from jax_transformer.train import experiment, memory, perf
 
 ATTENTION_KERNEL_TRAIN = 3.5  # x forward attention FLOPs in a fused kernel
 
@@ -117,6 +126,17 @@ def _best(fn, repeats: int) -> float:
   return best
 
 
+def xla_cost(compiled) -> dict[str, float]:
+  """XLA's cost analysis of a compiled step (empty where it has none)."""
+  try:
+    cost = compiled.cost_analysis()
+  except (NotImplementedError, jax.errors.JaxRuntimeError):
+    return {}
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  return dict(cost or {})
+
+
 @dataclasses.dataclass(frozen=True)
 class StepCost:
   """What one train step asks of each chip, from its executable."""
@@ -133,7 +153,7 @@ class StepCost:
     """The compiled step's cost; attention_train_flops_per_chip counts
     toward it when a fused attention kernel hides them from XLA."""
     hlo = compiled.as_text()
-    cost = target_report.xla_cost(compiled)
+    cost = xla_cost(compiled)
     flops, flops_once = hlo_stats.dot_flops(hlo)
     moved, moved_once = hlo_stats.memory_bytes(hlo)
     # XLA's figures count each loop body once: scaled to the step by the
@@ -153,10 +173,33 @@ class StepCost:
     return dataclasses.asdict(self)
 
 
+def grad_accum_steps(cfg: ml_collections.ConfigDict) -> int:
+  """Train steps (micro-batches of batch_size rows) an update."""
+  return int(cfg.optim.get('grad_accum_steps', 1) or 1)
+
+
+def update_flops(cfg: ml_collections.ConfigDict, model_config) -> float:
+  """The model's FLOPs of one optimizer update of cfg (batch_size x
+  grad_accum_steps rows), all chips together."""
+  return perf.step_flops(model_config,
+                         cfg.batch_size * grad_accum_steps(cfg),
+                         experiment.source_len(cfg), cfg.seq_len)['train']
+
+
+def kernel_flops(cfg: ml_collections.ConfigDict, model_config,
+                 chips: int) -> float:
+  """FLOPs per chip of one train step that a fused attention kernel hides
+  from XLA (counted toward the step where the HLO calls one)."""
+  return ATTENTION_KERNEL_TRAIN * perf.attention_flops(
+      model_config, cfg.batch_size, experiment.source_len(cfg),
+      cfg.seq_len) / chips
+
+
 def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
             model_flops_per_update: float, chips: int) -> dict[str, float]:
-  """The step's parts in seconds, the predicted time of one optimizer
-  update (grad_accum_steps steps) and the MFU bound it gives."""
+  """The step's parts in seconds, the step's time, the predicted time of
+  one optimizer update (grad_accum_steps steps) and the MFU bound it
+  gives."""
   # At least the model's own FLOPs: XLA's count of a kernel can fall
   # short of them (a causal block it skips, a matmul it writes another way).
   model_per_step = model_flops_per_update / grad_accum_steps / chips
@@ -168,4 +211,14 @@ def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
   update = grad_accum_steps * step
   ideal = model_flops_per_update / (chips * rates.peak_flops)
   return {'compute_s': compute, 'hbm_s': hbm, 'link_s': link,
-          'predicted_step_s': update, 'mfu_bound': ideal / update}
+          'step_s': step, 'predicted_step_s': update,
+          'mfu_bound': ideal / update}
+
+
+def figures(compiled, cfg: ml_collections.ConfigDict, model_config,
+            rates: Rates, chips: int) -> tuple[StepCost, dict[str, float]]:
+  """cfg's compiled train step (batch_size rows on ``chips`` chips) through
+  the model: its cost, and ``predict``'s figures for an update."""
+  cost = StepCost.of(compiled, kernel_flops(cfg, model_config, chips))
+  return cost, predict(cost, rates, grad_accum_steps(cfg),
+                       update_flops(cfg, model_config), chips)

@@ -1,0 +1,84 @@
+"""A run's train step lowered for a mesh of devices, never run.
+
+The state and the batch are abstract (shapes, dtypes and shardings), so a
+host of any kind lowers the step exactly as ``train.py`` would run it on
+those devices: CPU host devices (``prove.py``), a target's compile-only
+TPU or GPU devices (``report.py``), the planner's candidates
+(``plan/search.py``). ``lower_train`` is the one function that does it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jax_transformer.data import batching
+from jax_transformer.model import attention, sharding
+from jax_transformer.train import checks, experiment, memory, steps
+
+
+def abstract_batch(cfg: ml_collections.ConfigDict,
+                   mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """The shapes and shardings of one global batch of this config."""
+  if cfg.model_kind == 'decoder_lm':
+    layout = batching.lm_layout(cfg.seq_len)
+  else:
+    layout = batching.translation_layout(experiment.source_len(cfg),
+                                         cfg.seq_len)
+  placed = sharding.batch_sharding(mesh)
+  return {key: jax.ShapeDtypeStruct((cfg.batch_size, group.length),
+                                    jnp.int32, sharding=placed)
+          for group in layout
+          for key in (*group.features, group.segment_key,
+                      group.position_key)}
+
+
+def lower(jitted, args, mesh, platform: str) -> jax.stages.Lowered:
+  """jitted lowered for args as the platform's compiler would get it (its
+  attention kernel, the mesh's activation constraints)."""
+  with attention.compiling_for(platform), \
+      jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    return jitted.lower(*args)
+
+
+@dataclasses.dataclass
+class TrainLowering:
+  """A run's train step lowered for a mesh of devices, with what the
+  report needs of the run."""
+  lowered: jax.stages.Lowered
+  lower_s: float
+  setup: experiment.Setup
+  mesh: jax.sharding.Mesh
+  shardings: dict[str, Any]
+  state: dict[str, Any]          # ShapeDtypeStructs with shardings
+  batch: dict[str, Any]
+  estimate: memory.Footprint
+
+
+def lower_train(cfg: ml_collections.ConfigDict, devices: list,
+                platform: str, vocab_size: int = 32768,
+                setup: experiment.Setup | None = None) -> TrainLowering:
+  """cfg's train step lowered on a mesh of devices for platform ('tpu',
+  'gpu' or 'cpu'), and the pre-flight estimate (``setup`` reuses one
+  built for cfg's model and optimizer)."""
+  checks.check_run_fields(cfg)
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  sharding.check_batch(cfg.batch_size, mesh)
+  setup = setup or experiment.setup(cfg, vocab_size)
+  abstract_state = setup.abstract_state(cfg.seed)
+  shardings, _ = steps.state_shardings(setup, mesh, abstract_state)
+  state = steps.sharded_abstract(abstract_state, shardings)
+  batch = abstract_batch(cfg, mesh)
+  with attention.compiling_for(platform):  # 'auto' as the target picks
+    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
+                               shardings, mesh)
+  start = time.perf_counter()
+  lowered = lower(steps.jit_train_step(cfg, setup, mesh, shardings),
+                  (state, batch), mesh, platform)
+  return TrainLowering(lowered, time.perf_counter() - start, setup, mesh,
+                       shardings, state, batch, estimate)
