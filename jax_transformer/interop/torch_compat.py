@@ -117,6 +117,13 @@ def _norm_entries(torch_prefix: str, jax_prefix: str) -> list[Entry]:
           _same(f'{torch_prefix}.bias', f'{jax_prefix}.bias')]
 
 
+def _head_entry(name: str, c: ModelConfig) -> Entry:
+  """The output head: the token embedding where tied, else its own matrix."""
+  if c.tie_embeddings:
+    return _same(name, 'embed.embedding')
+  return _matrix(name, 'head', (c.d_model, c.vocab_size))
+
+
 def _check_reference_config(c: ModelConfig) -> None:
   unsupported = []
   if c.kv_heads != c.num_heads:
@@ -165,11 +172,7 @@ def encoder_decoder_entries(c: ModelConfig) -> list[Entry]:
     entries += _norm_entries(f'{tp}.norm2', f'{jp}.cross_attn_norm')
     entries += _norm_entries(f'{tp}.norm3', f'{jp}.ff_norm')
   entries += _norm_entries('transformer.decoder.norm', 'decoder_norm')
-  if c.tie_embeddings:
-    entries.append(_same('head.weight', 'embed.embedding'))
-  else:
-    entries.append(_matrix('head.weight', 'head', (c.d_model, c.vocab_size)))
-  return entries
+  return entries + [_head_entry('head.weight', c)]
 
 
 # ----------------------------------------------------------------------------
@@ -227,11 +230,7 @@ def gpt2_entries(c: ModelConfig) -> list[Entry]:
     entries += _norm_entries(f'{tp}.ln_1', f'{jp}.self_attn_norm')
     entries += _norm_entries(f'{tp}.ln_2', f'{jp}.ff_norm')
   entries += _norm_entries('transformer.ln_f', 'norm')
-  if c.tie_embeddings:
-    entries.append(_same('lm_head.weight', 'embed.embedding'))
-  else:
-    entries.append(_matrix('lm_head.weight', 'head', (d, c.vocab_size)))
-  return entries
+  return entries + [_head_entry('lm_head.weight', c)]
 
 
 def gpt2_hf_config(c: ModelConfig, *, bos_id: int | None = None,
