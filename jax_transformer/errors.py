@@ -16,3 +16,9 @@ def first_line(error: BaseException) -> str:
   """The first line of error's message ('' for none): what a one-sentence
   refusal quotes of an underlying failure."""
   return (str(error).strip().splitlines() or [''])[0]
+
+
+def named_line(error: BaseException) -> str:
+  """'Type: first line' of error, e.g. 'JSONDecodeError: Expecting value':
+  how a refusal names the failure under it."""
+  return f'{type(error).__name__}: {first_line(error)}'

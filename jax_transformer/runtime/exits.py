@@ -7,6 +7,7 @@ after saving; rerun to resume. 124 (timeout(1)'s): stopped itself because
 nothing progressed (a stuck collective or reader); rerun to resume.
 """
 
-EXIT_USAGE = 2
+from jax_transformer.cli import EXIT_USAGE  # noqa: F401 (2, said by the CLI)
+
 EXIT_INTERRUPTED = 75
 EXIT_STUCK = 124

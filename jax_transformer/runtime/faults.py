@@ -65,3 +65,25 @@ def reached(phase: str, step: int) -> None:
   if action == 'stall':
     threading.Event().wait()
   os.kill(os.getpid(), getattr(signal, action))
+
+
+class FaultPoints:
+  """The points above as a training hook (see train/hooks.py): each moment
+  of the loop that has a PHASE reaches it."""
+
+  def before_step(self, run) -> None:
+    reached('data', run.step + 1)
+
+  def compiling(self, run) -> None:
+    reached('compile', run.step + 1)
+
+  def dispatched(self, run, metrics) -> None:
+    del metrics
+    reached('step', run.step)
+
+  def evaluating(self, run, at: int) -> None:
+    del run
+    reached('eval', at)
+
+  def saved(self, run) -> None:
+    reached('save', run.step)

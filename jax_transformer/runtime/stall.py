@@ -112,6 +112,35 @@ class StallWatch:
       with self._lock:
         self._progress.resume(self._clock())
 
+  # As a training hook (see train/hooks.py): progress is a finished step,
+  # an evaluation batch or a started save; compiling is not watched.
+
+  def finished(self, run, step, metrics) -> None:
+    del run, step, metrics
+    self.report()
+
+  def evaluating(self, run, at) -> None:
+    del run, at
+    self.report()
+
+  def saved(self, run) -> None:
+    del run
+    self.report()
+
+  def compiling(self, run) -> None:
+    del run
+    with self._lock:
+      self._progress.pause()
+
+  def compiled(self, run) -> None:
+    del run
+    with self._lock:
+      self._progress.resume(self._clock())
+
+  def end(self, run) -> None:
+    del run
+    self.stop()
+
   def stop(self) -> None:
     self._stopped.set()
     if self._thread is not None:

@@ -27,7 +27,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
-from jax_transformer.errors import UsageError, first_line
+from jax_transformer.errors import UsageError, named_line
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
@@ -190,7 +190,7 @@ class Checkpointer:
     for skipped, err in errors:
       moved = self._move_aside(skipped)
       _notice(f'Checkpoint step {skipped} could not be read '
-              f'({type(err).__name__}: {first_line(err)}); moved it to '
+              f'({named_line(err)}); moved it to '
               f'{moved} and resumed from step {candidate}.')
     if errors:
       self.manager.reload()  # forget the moved steps: they are saved again
@@ -257,7 +257,7 @@ class Checkpointer:
   def _failed(self, err: BaseException) -> SaveFailed:
     return SaveFailed(
         f'Writing a checkpoint to {self.manager.directory} failed '
-        f'({type(err).__name__}: {first_line(err)}); check the disk (space, '
+        f'({named_line(err)}); check the disk (space, '
         'permissions), then rerun to resume from the newest complete '
         'checkpoint.')
 

@@ -20,6 +20,8 @@ import os
 import time
 from typing import Iterator, Mapping
 
+from jax_transformer.train import metrics
+
 # The parts, in the order summaries list them. 'startup' is everything
 # before the loop (data preparation, restore, state init) but compiles.
 PARTS = ('startup', 'compile', 'data_wait', 'step', 'checkpoint', 'eval',
@@ -73,6 +75,13 @@ class Clock:
     finally:
       self.switch(previous)
 
+  def since_row(self, *parts: str) -> float:
+    """Seconds charged to parts since the last row, the current part's
+    running time included."""
+    running = time.time() - self._mark
+    return sum(self._since_row[p] + (running if p == self._part else 0.0)
+               for p in parts)
+
   def row(self) -> dict[str, float]:
     """``data_wait_s``, ``step_s``, ``checkpoint_s``, ``eval_s`` since the
     last row (for a metrics row)."""
@@ -124,3 +133,39 @@ def across_starts(summaries: list[Mapping[str, float]]) -> dict[str, float]:
                     else 0.0)
   out['starts'] = len(summaries)
   return out
+
+
+class TimeParts:
+  """The clock as a training hook (see train/hooks.py): the loop's own
+  time is 'step' (hooks charge theirs to their parts); every metrics row
+  gets the parts since the previous one; a start that did anything ends
+  with a row of its totals and the summary line."""
+  part = None  # it switches the clock itself
+
+  def __init__(self, clock: Clock):
+    self._clock = clock
+
+  def start(self, run) -> None:
+    del run
+    self._clock.switch('step')
+
+  def row(self, run, row: dict) -> None:
+    del run
+    row.update(self._clock.row())
+
+  def completed(self, run) -> None:
+    if run.step > run.start_step or run.row or run.stop:
+      summary = self._clock.summary()
+      _end_row(run.writer, run.workdir, run.step, summary)
+      run.log(describe(summary))
+
+
+def _end_row(writer, workdir, step: int, summary: Mapping[str, float]
+             ) -> None:
+  """The start's last metrics row: the last row logged so far again (a
+  re-logged step replaces it, see metrics.read_history), with where the
+  time went."""
+  history = (metrics.read_history(workdir)
+             if writer.enabled and workdir.metrics.exists() else [])
+  row = dict(history[-1]) if history else {'step': step}
+  writer.write(row.pop('step'), {**row, **summary})

@@ -1,4 +1,6 @@
-"""Training metrics: a JSONL file and TensorBoard events in the workdir."""
+"""Training metrics: the rows a run logs (losses, rates, and what other
+hooks add), written to a JSONL file and TensorBoard events in the workdir.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +8,14 @@ import json
 import os
 from typing import Mapping
 
+import jax
+import ml_collections
 from absl import logging
 from tensorboardX import SummaryWriter, record_writer
 
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+from jax_transformer.train import experiment, optim, perf
 
 
 class MetricWriter:
@@ -120,3 +125,84 @@ def read_history(workdir: str | WorkdirPaths) -> list[dict]:
       history.pop()
     history.append(row)
   return history
+
+
+class Rows:
+  """Metrics rows as a training hook (see hooks.py): every ``log_every``
+  steps and at the last, the losses of the steps since the previous row
+  (per target token), the last gradient norm, learning rate and skip
+  counters, the rates (``Throughput``), and what the other hooks' ``row``
+  moments add (evaluation, time parts); then ``logged``.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, setup):
+    self._cfg = cfg
+    self._setup = setup
+    self._rates = Throughput(cfg, setup.model_config)
+    self._sums = []  # host metrics of the steps since the last row
+
+  def finished(self, run, step: int, metrics: dict) -> None:
+    del run, step
+    self._sums.append(metrics)
+
+  def after_step(self, run) -> None:
+    if not (run.step % self._cfg.log_every == 0 or run.last):
+      return
+    run.finish_steps()
+    sums, self._sums = self._sums, []
+    row = summarise(sums, self._setup, self._cfg, run.step)
+    # Training time since the last row: evaluation, compiles and rows
+    # themselves are not.
+    seconds = run.clock.since_row('data_wait', 'step', 'checkpoint')
+    row.update(self._rates.row(len(sums), row['target_tokens'], seconds))
+    if run.compile_s is not None:  # once, in the first row
+      row['compile_s'], run.compile_s = run.compile_s, None
+    run.hooks.row(run, row)
+    run.writer.write(run.step, row)
+    run.row = row
+    run.hooks.logged(run, row)
+
+
+class Throughput:
+  """Rates over completed steps: step time, tokens/s and, where the
+  device's peak is known (config.peak_tflops, or built in for H100, H200,
+  A100 and TPUs), model FLOPs utilisation (see ``perf.py``)."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, model_config):
+    self.step_flops = perf.step_flops(model_config, cfg.batch_size,
+                                      experiment.source_len(cfg),
+                                      cfg.seq_len)['train']
+    peak = cfg.get('peak_tflops')
+    peak = (peak * 1e12 if peak else
+            perf.peak_flops(jax.devices()[0].device_kind))
+    self.peak = None if peak is None else peak * jax.device_count()
+
+  def row(self, steps_done: int, tokens: float, seconds: float
+          ) -> dict[str, float]:
+    """Rates of ``steps_done`` steps that took ``seconds`` end to end."""
+    seconds = max(seconds, 1e-9)
+    out = {'step_time_s': seconds / steps_done,
+           'tokens_per_s': tokens / seconds,
+           'model_tflops_per_s': self.step_flops * steps_done / seconds / 1e12}
+    if self.peak:
+      out['mfu'] = self.step_flops * steps_done / seconds / self.peak
+    return out
+
+
+def summarise(sums: list[dict], setup, cfg: ml_collections.ConfigDict,
+              step: int) -> dict[str, float]:
+  """Losses per target token, the last gradient norm and learning rate of
+  the steps whose host metrics are ``sums``, the last being ``step``."""
+  tokens = sum(float(m['tokens']) for m in sums)
+  updates = (step - 1) // int(cfg.optim.get('grad_accum_steps', 1))
+  return {
+      'loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
+      'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
+      'grad_norm': float(sums[-1]['grad_norm']),
+      'learning_rate': float(setup.schedule(updates)),
+      # Target tokens since the last row; summed over rows, the tokens seen.
+      'target_tokens': tokens,
+      # Skipped updates (optim.skip_non_finite) as of the row's last step.
+      **{k: float(sums[-1][k]) for k in optim.SKIP_COUNTERS
+         if k in sums[-1]},
+  }

@@ -26,25 +26,47 @@ DEMAND_EVERY = 10
 
 
 class Profiler:
-  """Starts and stops traces around steps; process 0's only on demand."""
+  """Starts and stops traces around steps; process 0's only on demand.
+
+  A training hook (see hooks.py): ``launching``, ``dispatched``,
+  ``after_step``, ``end``.
+  """
 
   def __init__(self, cfg, workdir: WorkdirPaths, main: bool):
     profile = cfg.get('profile') or {}
-    self.start = int(profile.get('start_step', 0) or 0)
-    self.count = int(profile.get('num_steps', 0) or 0)
+    self._first_planned = int(profile.get('start_step', 0) or 0)
+    self._planned_count = int(profile.get('num_steps', 0) or 0)
     self._dir = os.fspath(workdir.tensorboard)
     self._demand = os.path.join(os.fspath(workdir.root), DEMAND_FILE)
     self._main = main
     self._until = None  # the last step of the trace under way
+    self._outputs = None  # the last step's, to wait for at a trace's end
     self.written: list[tuple[int, int]] = []  # (first, last) step traced
 
-  def before_step(self, step: int) -> None:
+  def launching(self, run) -> None:
+    self.start_at(run.step + 1)
+
+  def dispatched(self, run, metrics) -> None:
+    del run
+    self._outputs = metrics
+
+  def after_step(self, run) -> None:
+    if self.stop_after(run.step, self._outputs):
+      first, last = self.written[-1]
+      run.log(f'Wrote a profile of steps {first} to {last} under '
+              f'{self._dir}.')
+
+  def end(self, run) -> None:
+    del run
+    self.stop()
+
+  def start_at(self, step: int) -> None:
     """Starts a trace if step (1-based, about to run) is where one begins."""
     if self._until is not None:
       return
     count = 0
-    if self.count and step == self.start:
-      count = self.count
+    if self._planned_count and step == self._first_planned:
+      count = self._planned_count
     elif step % DEMAND_EVERY == 0 or step == 1:
       count = self._demanded()
     if count:
@@ -52,7 +74,7 @@ class Profiler:
       jax.profiler.start_trace(os.path.join(
           self._dir, f'steps_{step}-{self._until}'))
 
-  def after_step(self, step: int, outputs) -> bool:
+  def stop_after(self, step: int, outputs) -> bool:
     """Ends the trace after its last step (waiting for outputs, so the
     trace holds the step's device work). True when a trace was written."""
     if self._until is None or step < self._until:

@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
-from jax_transformer.errors import UsageError, first_line
+from jax_transformer.errors import UsageError, named_line
 from jax_transformer.model import sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
@@ -89,7 +89,7 @@ def _tokenizer(paths: WorkdirPaths):
     tokenizer = load_tokenizer(directory)
   except (OSError, ValueError, KeyError, RuntimeError) as e:
     raise UsageError(f'{directory} cannot be read as a tokenizer '
-                     f'({type(e).__name__}: {first_line(e)}); restore it '
+                     f'({named_line(e)}); restore it '
                      'from the training run.') from None
   marker = paths.fingerprint
   if marker.exists():
@@ -137,7 +137,7 @@ def check_readable(workdir: Workdir, step: int) -> None:
   except (OSError, ValueError) as e:  # missing, or not JSON
     raise UsageError(f'Checkpoint step {step} in {workdir.path} has no '
                      'readable list of parameters '
-                     f'({type(e).__name__}: {first_line(e)}): it is torn or '
+                     f'({named_line(e)}): it is torn or '
                      f'corrupt; {_EARLIER}.') from None
 
 
@@ -157,7 +157,7 @@ def _restore(checkpointer: checkpoint.Checkpointer, workdir: Workdir,
     while cause.__cause__ is not None:
       cause = cause.__cause__
     raise UsageError(f'Checkpoint step {step} in {workdir.path} cannot be '
-                     f'read ({type(cause).__name__}: {first_line(cause)}): '
+                     f'read ({named_line(cause)}): '
                      f'it is torn or corrupt; {_EARLIER}.') from e
 
 

@@ -1,0 +1,174 @@
+"""Evaluation and the sample during training, as hooks (see hooks.py).
+
+Every ``eval_every`` steps (and at the last) the loss and perplexity over
+the validation split, and BLEU for translation, join that step's metrics
+row; a stop signal between evaluation batches abandons it, and the next
+start finishes it before training on. A run that reaches its last step
+ends with a sample of the model's text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jax_transformer import data, decoding
+from jax_transformer.decoding import sampling
+from jax_transformer.runtime.workdir import WorkdirPaths
+from jax_transformer.train import evaluation
+from jax_transformer.train import metrics as metrics_lib
+
+
+class Evaluation:
+  """The periodic evaluation. evaluate: the function that evaluates (this
+  module's ``evaluate``; tests pass a wrapped one); preemption: what a
+  stop between batches asks (``preemption.Preemption``); watch: the stall
+  watch, paused while the first evaluation compiles its steps."""
+  part = 'eval'
+
+  def __init__(self, cfg: ml_collections.ConfigDict, eval_step, preemption,
+               watch, evaluate_fn=None):
+    self._cfg = cfg
+    self._eval_step = eval_step
+    self._preemption = preemption
+    self._watch = watch
+    self._evaluate = evaluate_fn or evaluate
+    self._compiled = False
+
+  def start(self, run) -> None:
+    """Finishes the evaluation of the step resumed from, when a stop
+    signal had saved that step without it."""
+    if not (is_eval_step(run.step, self._cfg)
+            and evaluation_abandoned(run.workdir, run.step)):
+      return
+    row = logged_row(run.workdir, run.step)
+    try:
+      row.update(self._evaluate_at(run))
+    except evaluation.Interrupted:
+      run.stop = self._preemption.reason
+      return
+    run.writer.write(run.step, row)  # replaces the row without evaluation
+    run.row, run.finished_now = row, run.last
+    run.log(f'Finished the evaluation of step {run.step}, which a stop '
+            'signal had interrupted.')
+
+  def row(self, run, row: dict) -> None:
+    if not is_eval_step(run.step, self._cfg):
+      return
+    try:
+      row.update(self._evaluate_at(run))
+    except evaluation.Interrupted:
+      # Saved without this evaluation; a run resumed from this step
+      # finishes it first (``start``).
+      run.stop = self._preemption.reason
+
+  def _evaluate_at(self, run) -> dict[str, float]:
+    at = run.step
+
+    def stop(count: int) -> bool:
+      run.hooks.evaluating(run, at)
+      return self._preemption.should_stop(count)
+
+    compiling = (contextlib.nullcontext() if self._compiled
+                 else self._watch.paused())
+    with compiling:
+      try:
+        return self._evaluate(self._eval_step, run.state['params'], self._cfg,
+                              run.tokenizer, run.mesh, run.setup, stop=stop)
+      finally:
+        self._compiled = True
+
+
+class Sample:
+  """The sample a finished run ends with (config.sample)."""
+  part = 'eval'
+
+  def __init__(self, cfg: ml_collections.ConfigDict, preemption):
+    self._cfg = cfg
+    self._preemption = preemption
+
+  def completed(self, run) -> None:
+    if not (run.finished_now and run.stop is None
+            and self._cfg.sample.enabled):
+      return
+    if self._preemption.requested:  # during the last save: exit now
+      run.log(f'{self._preemption.requested} after the last save: finished, '
+              'without the sample.')
+      return
+    run.log('\nSample:\n' + sample(run.setup, run.state['params'],
+                                    run.tokenizer, self._cfg))
+
+
+def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
+             ) -> dict[str, float]:
+  """Loss and perplexity over the validation split (or its first
+  config.eval_steps batches); for translation also greedy BLEU and chrF on
+  its first config.eval_bleu_examples sentences.
+
+  stop(count) -> True (checked between batches) abandons the evaluation:
+  raises evaluation.Interrupted.
+  """
+  metrics = evaluation.loss_metrics(eval_step, params, cfg, tokenizer, mesh,
+                                    max_batches=cfg.get('eval_steps'),
+                                    stop=stop)
+  n = cfg.get('eval_bleu_examples') or 0
+  if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
+    if stop is not None and stop(0):
+      raise evaluation.Interrupted('stopped before the BLEU check')
+    params = multihost_utils.process_allgather(params, tiled=True)
+    metrics.update(evaluation.bleu_metrics(
+        setup.model_def.merge(params), tokenizer, cfg, n,
+        batch_size=cfg.eval_batch_size))
+  return metrics
+
+
+def sample(setup, params, tokenizer, cfg) -> str:
+  """A sample from the trained model (LM: continues config.sample.prompt;
+  translation: translates it), decoded to text."""
+  params = multihost_utils.process_allgather(params, tiled=True)
+  model = setup.model_def.merge(params)
+  s = cfg.sample
+  ids = tokenizer.encode(s.prompt)
+  sampler = sampling.Sampler(s.temperature, s.top_k or None)
+  key = jax.random.key(cfg.seed)
+  if cfg.model_kind == 'encoder_decoder':
+    out = decoding.generate(model, src_ids=[data.translation_source(ids)],
+                            max_new_tokens=s.max_new_tokens, sampler=sampler,
+                            key=key)
+    return tokenizer.decode(decoding.row_tokens(out, 0))
+  stream = data.get_spec(cfg.data.name).lm_mode == 'stream'
+  out = decoding.generate(model, [data.lm_prompt(ids, stream)],
+                          max_new_tokens=s.max_new_tokens, sampler=sampler,
+                          key=key)
+  return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
+
+
+def is_eval_step(step: int, cfg: ml_collections.ConfigDict) -> bool:
+  """Whether step is evaluated after it (every eval_every, and the last);
+  a step not logged (log_every) is not."""
+  logged = step % cfg.log_every == 0 or step == cfg.num_steps
+  return step > 0 and logged and (step % cfg.eval_every == 0
+                                  or step == cfg.num_steps)
+
+
+def evaluation_abandoned(workdir: WorkdirPaths, step: int) -> bool:
+  """Whether step's row was logged without its evaluation (a stop signal
+  interrupted it), as process 0 reads metrics.jsonl; every process gets
+  the same answer, since evaluating is collective."""
+  abandoned = False
+  if jax.process_index() == 0:
+    row = logged_row(workdir, step)
+    abandoned = bool(row) and 'eval_loss' not in row
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(abandoned)))
+
+
+def logged_row(workdir: WorkdirPaths, step: int) -> dict:
+  """The metrics row of step (without its 'step' key), or {}."""
+  if not workdir.metrics.exists():
+    return {}
+  rows = [r for r in metrics_lib.read_history(workdir) if r['step'] == step]
+  return {k: v for k, v in rows[-1].items() if k != 'step'} if rows else {}
