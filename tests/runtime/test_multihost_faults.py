@@ -112,7 +112,11 @@ def test_a_stuck_process_and_the_one_waiting_on_it_both_end_with_124(
   """Process 1's reader blocks for good before step 5; process 0 then
   waits in step 5's collectives. Each ends itself by its step timeout
   (process 1's shorter, so that it goes first: a lost process 0 would end
-  process 1 through JAX instead), with its stacks and one line."""
+  process 1 through JAX instead, with SIGABRT), with its stacks and one
+  line. On a loaded machine the two compile at different speeds: the
+  first to finish waits at the barrier after compiling for the other,
+  which its stall watch must not judge (it did once: process 0 ended with
+  124 after waiting 12 s there, and JAX aborted process 1 mid-compile)."""
   work = tmp_path / 'w'
   address = f'127.0.0.1:{free_port()}'
   procs = [train(work, data_dir, '--config.num_steps=100000',
