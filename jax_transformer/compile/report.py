@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_transformer.compile import hlo_stats, lowering, step_model
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
-from jax_transformer.model import attention, sharding
+from jax_transformer.model import attention
 from jax_transformer.runtime import targets
 from jax_transformer.train import experiment, memory, perf, steps
 
@@ -79,11 +79,7 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
   run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
-  eval_step = jax.jit(
-      steps.make_eval_step(setup.model_def, packed=False,
-                           loss_chunk_size=cfg.get('loss_chunk_size') or 0),
-      in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
-      out_shardings=NamedSharding(mesh, PartitionSpec()))
+  eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
   evaluation = _compile(eval_step, (run.state['params'], run.batch), mesh,
                         platform)
   decode = compile_decode(cfg, setup, mesh, shardings['params'], platform)

@@ -179,13 +179,14 @@ def jit_train_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
 
 
 def jit_eval_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
-  """The run's eval step over its sharded params, traced with the mesh in
-  context. Evaluation batches are never packed (see data.pipeline)."""
-  return traced_under(mesh, jax.jit(
+  """The run's eval step over its sharded params (evaluation batches are
+  never packed, see data.pipeline); like jit_train_step, call or lower it
+  with the mesh in context (``traced_under``)."""
+  return jax.jit(
       make_eval_step(setup.model_def, packed=False,
                      loss_chunk_size=cfg.get('loss_chunk_size') or 0),
       in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
-      out_shardings=NamedSharding(mesh, PartitionSpec())))
+      out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def sharded_abstract(abstract, shardings):

@@ -125,7 +125,8 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
                     out_shardings=shardings)()
   run = Run(cfg, workdir, mesh, setup, tokenizer, writer, clock, train_iter,
             state, step=int(jax.device_get(state['step'])))
-  eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
+  eval_step = steps.traced_under(
+      mesh, steps.jit_eval_step(cfg, setup, mesh, shardings))
   run.hooks = Hooks(make_hooks(run, checkpointer, eval_step, extra_hooks),
                     clock)
   train_step = steps.jit_train_step(cfg, setup, mesh, shardings)
