@@ -27,9 +27,7 @@ from typing import Any, Callable
 
 from orbax.checkpoint import utils
 
-# The exit status of a process that stopped because another one was lost
-# (EX_UNAVAILABLE in sysexits.h); 75 means a run that was asked to stop.
-EXIT_LOST_PROCESS = 69
+from jax_transformer.runtime.exits import EXIT_LOST_PROCESS
 
 # Key-value store entries: one per process, its heartbeat count or DONE.
 _PREFIX = 'jax_transformer/heartbeat/'
