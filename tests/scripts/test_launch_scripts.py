@@ -1,0 +1,49 @@
+"""The launch guide's scripts (docs/launch.md), run as a user runs them."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import repo
+
+from jax_transformer import data
+
+pytestmark = pytest.mark.slow
+
+UNTIL_DONE = os.path.join(repo.SCRIPTS, 'launch', 'train_until_done.sh')
+
+
+def until_done(workdir, data_dir, *flags, env=None):
+  """train_until_done.sh over lm_shakespeare:tiny on 1 CPU device."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', RESTART_DELAY_S='0',
+             XLA_FLAGS='--xla_force_host_platform_device_count=1',
+             **(env or {}))
+  return subprocess.run(
+      ['bash', UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
+       '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
+       '--config.sample.enabled=False', '--config.mesh.data=1', *flags],
+      cwd=repo.ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_preempted_run_is_restarted_until_it_finishes(tmp_path,
+                                                        real_data_dir):
+  data.prepare('shakespeare', real_data_dir)
+  out = until_done(tmp_path / 'w', real_data_dir, '--config.num_steps=4',
+                   '--config.log_every=1', '--config.checkpoint_every=2',
+                   '--config.eval_every=4',
+                   env={'JAX_TRANSFORMER_FAULT': 'SIGTERM@step:2'})
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'exited with status 75; restart 1 of 100' in out.stderr
+  assert 'train_until_done: finished.' in out.stderr
+  steps = [json.loads(line)['step'] for line in
+           (tmp_path / 'w' / 'metrics.jsonl').read_text().splitlines()]
+  assert steps[-1] == 4 and 'Resumed from step 2' in out.stdout
+
+
+def test_a_refused_run_is_not_restarted(tmp_path):
+  out = until_done(tmp_path / 'w', tmp_path / 'data',
+                   '--config.num_steps=0')
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert 'restart' not in out.stderr.replace('a restart would', '')
+  assert "status 2, which a restart would not mend" in out.stderr
