@@ -16,7 +16,13 @@
 #                                      -> stop with that status
 # MAX_RESTARTS (default 100) bounds the restarts; RESTART_DELAY_S (default
 # 10) spaces them, so a machine that is coming back has time to.
+#
+# SIGTERM or SIGINT to this script as well as to train.py (Ctrl-C, `scancel`,
+# `pkill -TERM -f train`) stops for good: train.py saves and exits 75, and
+# the loop ends with it instead of restarting.
 set -u
+stopping=
+trap 'stopping=1' TERM INT
 max_restarts="${MAX_RESTARTS:-100}"
 delay="${RESTART_DELAY_S:-10}"
 train_py="$(cd "$(dirname "$0")/../.." && pwd)/train.py"
@@ -24,6 +30,11 @@ restarts=0
 while true; do
   python "$train_py" "$@"
   status=$?
+  if [ -n "$stopping" ]; then
+    echo "train_until_done: stopped by a signal (train.py's status" \
+      "$status); not restarting." >&2
+    exit "$status"
+  fi
   case "$status" in
     0)
       echo "train_until_done: finished." >&2

@@ -2,7 +2,9 @@
 
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 import repo
@@ -14,16 +16,20 @@ pytestmark = pytest.mark.slow
 UNTIL_DONE = os.path.join(repo.SCRIPTS, 'launch', 'train_until_done.sh')
 
 
-def until_done(workdir, data_dir, *flags, env=None):
+def until_done(workdir, data_dir, *flags, env=None, wait=True):
   """train_until_done.sh over lm_shakespeare:tiny on 1 CPU device."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', RESTART_DELAY_S='0',
              XLA_FLAGS='--xla_force_host_platform_device_count=1',
              **(env or {}))
-  return subprocess.run(
-      ['bash', UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
-       '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
-       '--config.sample.enabled=False', '--config.mesh.data=1', *flags],
-      cwd=repo.ROOT, env=env, capture_output=True, text=True, timeout=600)
+  cmd = ['bash', UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
+         '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
+         '--config.sample.enabled=False', '--config.mesh.data=1', *flags]
+  if wait:
+    return subprocess.run(cmd, cwd=repo.ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+  return subprocess.Popen(cmd, cwd=repo.ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True)
 
 
 def test_a_preempted_run_is_restarted_until_it_finishes(tmp_path,
@@ -47,3 +53,25 @@ def test_a_refused_run_is_not_restarted(tmp_path):
   assert out.returncode == 2, out.stderr[-3000:]
   assert 'restart' not in out.stderr.replace('a restart would', '')
   assert "status 2, which a restart would not mend" in out.stderr
+
+
+def test_a_stop_signal_to_the_loop_and_the_run_is_not_restarted(
+    tmp_path, real_data_dir):
+  """Ctrl-C or scancel signal the whole process group: train.py saves and
+  exits 75, and the loop ends with it."""
+  data.prepare('shakespeare', real_data_dir)
+  work = tmp_path / 'w'
+  proc = until_done(work, real_data_dir, '--config.num_steps=100000',
+                    '--config.log_every=1', '--config.eval_every=100000',
+                    wait=False)
+  try:
+    deadline = time.time() + 300
+    while not (work / 'metrics.jsonl').exists() and time.time() < deadline:
+      time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 75, err[-3000:]
+  assert 'stopped by a signal' in err and 'restart 1' not in err
+  assert (work / 'checkpoints').exists()
