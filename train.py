@@ -41,8 +41,9 @@ def define_flags(values: flags.FlagValues) -> None:
                       'tokenizer go here (default: runs/<config name>).',
                       flag_values=values)
   flags.DEFINE_string('coordinator_address', None,
-                      'host:port of process 0, for multi-host runs without '
-                      'automatic cluster detection.', flag_values=values)
+                      'host:port of process 0, for multi-host runs that JAX '
+                      'does not detect (TPU VMs, SLURM, Open MPI, GKE, '
+                      'Kubernetes are detected).', flag_values=values)
   flags.DEFINE_integer('num_processes', None,
                        'Processes in a multi-host run.', flag_values=values)
   flags.DEFINE_integer('process_id', None,
@@ -148,6 +149,7 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
                              heartbeat=values.heartbeat_timeout,
                              barrier=values.barrier_timeout,
                              data=values.data_timeout))
+  print(distributed.describe_job(), flush=True)  # one line per process
   result = trainer.train_and_evaluate(values.config, values.workdir)
   if result.get('interrupted'):
     # Saved and stopped early: not finished (see runtime/exits.py).

@@ -15,6 +15,7 @@ process ends the others with exit status ``liveness.EXIT_LOST_PROCESS``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -23,12 +24,7 @@ import threading
 import jax
 from jax._src import distributed as jax_distributed
 
-from jax_transformer.runtime import liveness
-
-# Environment variables that mean "this is one process of a cluster job"
-# that jax.distributed.initialize() can configure by itself.
-_CLUSTER_ENV = ('SLURM_NTASKS', 'TPU_WORKER_HOSTNAMES',
-                'MEGASCALE_COORDINATOR_ADDRESS', 'OMPI_COMM_WORLD_SIZE')
+from jax_transformer.runtime import cluster, liveness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,21 +64,17 @@ class Timeouts:
 _timeouts = Timeouts()
 
 
-def _in_cluster() -> bool:
-  if int(os.environ.get('SLURM_NTASKS', '1')) > 1:
-    return True
-  return any(os.environ.get(k) for k in _CLUSTER_ENV[1:])
-
-
 def initialize(coordinator_address: str | None = None,
                num_processes: int | None = None,
                process_id: int | None = None,
                bounds: Timeouts | None = None) -> None:
   """Joins the multi-host job, if there is one.
 
-  Explicit flags win; otherwise TPU pods, SLURM and Open MPI jobs are
-  detected from the environment; otherwise this is a single process.
-  bounds: the run's Timeouts (default: Timeouts()).
+  Explicit flags win; otherwise the job is what JAX's own cluster detection
+  finds (TPU VMs through the metadata server, GKE, Megascale, SLURM, Open
+  MPI, Kubernetes: see cluster.py); otherwise, or for a job of one
+  process, this is a single process. bounds: the run's Timeouts (default:
+  Timeouts()).
   """
   global _timeouts
   _timeouts = bounds or Timeouts()
@@ -94,32 +86,60 @@ def initialize(coordinator_address: str | None = None,
     if not 0 <= process_id < num_processes:
       raise ValueError(f'--process_id={process_id} is not in '
                        f'[0, {num_processes}).')
-  elif not _in_cluster():
-    return
-  if jax.config.jax_platforms in (None, '', 'cpu') or os.environ.get(
-      'JAX_PLATFORMS', '') == 'cpu':
-    # CPU processes need a collectives backend to talk to each other.
-    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   # JAX's own bound on joining aborts with a crash dump: ours, shorter,
-  # says what was awaited instead.
-  where = f' at {coordinator_address}' if coordinator_address else ''
-  who = ('this process' if process_id is None
-         else f'process {process_id} of {num_processes}')
-  deadline = threading.Timer(_timeouts.init, liveness.exit_now, args=(
+  # says what was awaited instead. It covers the detection too, which may
+  # ask a metadata server or wait for the coordinator's name to resolve.
+  joining = {'who': 'this process', 'where': ''}
+  deadline = threading.Timer(_timeouts.init, lambda: liveness.exit_now(
       f'Not every process joined the job within {_timeouts.init:g} s '
-      f'(--init_timeout), so {who} stops: check that all of them started, '
-      f'with the same --num_processes, and can reach the coordinator{where}.',
-  ))
+      f'(--init_timeout), so {joining["who"]} stops: check that all of '
+      f'them started, with the same --num_processes, and can reach the '
+      f'coordinator{joining["where"]}.'))
   deadline.daemon = True
   deadline.start()
   try:
+    job = cluster.plan(coordinator_address, num_processes, process_id,
+                       timeout_s=math.ceil(_timeouts.init))
+    if job is None:
+      return
+    joining.update(who=f'process {job.process_id} of {job.num_processes}',
+                   where=f' at {job.coordinator_address}')
+    if jax.config.jax_platforms in (None, '', 'cpu') or os.environ.get(
+        'JAX_PLATFORMS', '') == 'cpu':
+      # CPU processes need a collectives backend to talk to each other.
+      jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    # Detection is done: JAX must not redo it (it would narrow a SLURM or
+    # Open MPI process to one accelerator).
     jax.distributed.initialize(
-        coordinator_address, num_processes, process_id,
+        job.coordinator_address, job.num_processes, job.process_id,
+        local_device_ids=job.local_device_ids,
+        cluster_detection_method='deactivate',
         initialization_timeout=math.ceil(_timeouts.init) + 30,
         heartbeat_timeout_seconds=_timeouts.jax_heartbeat(),
         shutdown_timeout_seconds=math.ceil(_timeouts.barrier))
   finally:
     deadline.cancel()
+
+
+def describe_job() -> str:
+  """One line on the job this process is in, e.g. 'Job: 2 processes (this
+  is 0), 1 cpu device each (cpu), 1 slice.'"""
+  devices = jax.devices()
+  per_process = collections.Counter(d.process_index for d in devices)
+  counts = sorted(set(per_process.values()))
+  each = (str(counts[0]) if len(counts) == 1
+          else f'{counts[0]} to {counts[-1]}')
+  local = jax.local_devices()[0]
+  slices = len({getattr(d, 'slice_index', 0) for d in devices})
+  processes = jax.process_count()
+  return (f'Job: {_plural(processes, "process", "processes")} (this is '
+          f'{jax.process_index()}), {each} {local.platform} '
+          f'device{"" if counts[-1] == 1 else "s"} each '
+          f'({local.device_kind}), {_plural(slices, "slice", "slices")}.')
+
+
+def _plural(count: int, one: str, many: str) -> str:
+  return f'{count} {one if count == 1 else many}'
 
 
 def barrier(name: str, kind: str = 'barrier') -> None:

@@ -73,6 +73,7 @@ def test_initialize_passes_the_bounds_to_jax(monkeypatch):
   distributed.initialize('127.0.0.1:1234', 2, 1, Timeouts(
       init=100, heartbeat=20, barrier=45.5))
   assert calls == [(('127.0.0.1:1234', 2, 1), {
+      'local_device_ids': None, 'cluster_detection_method': 'deactivate',
       'initialization_timeout': 130, 'heartbeat_timeout_seconds': 70,
       'shutdown_timeout_seconds': 46})]
 
