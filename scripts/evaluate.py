@@ -15,6 +15,11 @@ Language model: loss, perplexity and bits per byte (byte tokenizer) or per
 character (SentencePiece) over every token of the split, as the trainer's
 evaluation computes them.
 
+The workdir may be local or ``gs://`` (the eval/ files go beside it); the
+parameters are restored over this machine's devices as training sharded
+them (``restore.inference_mesh``), so one host of a pod scores what the pod
+trained.
+
 Prints one JSON object: the metrics, the step(s) read, the settings. Bad
 input is one sentence on stderr and exit code 2.
 """
@@ -70,20 +75,20 @@ def check_args(args: argparse.Namespace) -> None:
     value = getattr(args, name)
     if value is not None and value < 1:
       raise UsageError(f'--{name} must be at least 1, got {value}.')
-  if not os.path.isdir(args.workdir):
-    raise UsageError(f'--workdir {args.workdir} is not a directory.')
 
 
-def output_dir(workdir: str, split: str, steps: list[int]) -> str:
+def output_dir(workdir, split: str, steps: list[int]):
+  """workdir/eval/<split>-step<N>[-avg<K>] (an epath.Path: local or
+  gs://, as the workdir)."""
   name = f'{split}-step{steps[-1]}'
   if len(steps) > 1:
     name += f'-avg{len(steps)}'
-  return os.path.join(workdir, 'eval', re.sub(r'[^\w.+-]+', '_', name))
+  return workdir.root / 'eval' / re.sub(r'[^\w.+-]+', '_', name)
 
 
-def _write_lines(directory: str, name: str, lines: Sequence[str]) -> None:
-  with open(os.path.join(directory, name), 'w') as f:
-    f.writelines(line.replace('\n', ' ') + '\n' for line in lines)
+def _write_lines(directory, name: str, lines: Sequence[str]) -> None:
+  (directory / name).write_text(
+      ''.join(line.replace('\n', ' ') + '\n' for line in lines))
 
 
 def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
@@ -118,6 +123,7 @@ def run(args: argparse.Namespace) -> dict:
   from jax_transformer.model import sharding
   from jax_transformer.train import evaluation, restore  # pylint: disable=g-import-not-at-top
   check_args(args)
+  # Local or gs://, as training accepts it; one sentence if it is not there.
   wd = restore.open_workdir(args.workdir)
   chosen = restore.choose_steps(wd, args.step, args.average_last)
   cfg = wd.config
@@ -125,7 +131,7 @@ def run(args: argparse.Namespace) -> dict:
   evaluation.check_split(cfg, split)
   if args.batch_size is None:
     args.batch_size = cfg.eval_batch_size
-  mesh = sharding.make_mesh(cfg.mesh)
+  mesh = restore.inference_mesh(wd)  # the training mesh, on this host
   sharding.check_batch(args.batch_size, mesh)
   params = restore.restore_params(wd, chosen, mesh)
   translation = cfg.model_kind == 'encoder_decoder'
@@ -141,13 +147,12 @@ def run(args: argparse.Namespace) -> dict:
   if not translation:
     result['settings'] = {'batch_size': args.batch_size,
                           'average_last': args.average_last}
-  out = output_dir(args.workdir, split, chosen)
-  os.makedirs(out, exist_ok=True)
+  out = output_dir(wd.paths, split, chosen)
+  out.mkdir(parents=True, exist_ok=True)
   for name, lines in files.items():
     _write_lines(out, name, lines)
-  result['output_dir'] = out
-  with open(os.path.join(out, 'metrics.json'), 'w') as f:
-    json.dump(result, f, indent=2)
+  result['output_dir'] = os.fspath(out)
+  (out / 'metrics.json').write_text(json.dumps(result, indent=2))
   return result
 
 

@@ -26,6 +26,11 @@ progress bar on stderr. A blank line gives an empty output line; a newline
 inside an output is written as the two characters ``\\n``. Greedy outputs
 are the ones each line gets alone with ``--input``.
 
+The workdir may be local or ``gs://`` (as train.py accepts it), and the
+checkpoint is sharded over this machine's devices as training sharded it
+(``restore.inference_mesh``), so one host of a pod decodes what the pod
+trained; each batch is split over the mesh's ``'data'`` axis.
+
 Bad input (an empty ``--input``, a missing or empty file, a line that
 encodes to nothing or is too long for the model, bad flag values) is one
 sentence on stderr and exit code 2, before any decoding.
@@ -34,7 +39,6 @@ sentence on stderr and exit code 2, before any decoding.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Callable, Sequence
 
@@ -45,6 +49,8 @@ from jax_transformer.decoding import inference, quantize
 from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import EncoderDecoder
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.workdir import resolve
 
 PROG = 'generate.py'
 
@@ -101,8 +107,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.input is not None:
       raise UsageError('--output_file goes with --input_file; --input '
                        'prints its output.')
-    folder = os.path.dirname(args.output_file) or '.'
-    if not os.path.isdir(folder):
+    folder = storage.path(args.output_file, '--output_file').parent
+    if not folder.is_dir():
       raise UsageError(f'--output_file {args.output_file}: the folder '
                        f'{folder} does not exist.')
   for flag in ('beam_size', 'batch_size'):
@@ -134,16 +140,17 @@ def make_sampler(args: argparse.Namespace):
 
 def translate_batch(model, tokenizer, texts: Sequence[str],
                     args: argparse.Namespace, stream: bool = False,
-                    progress: bool = False) -> list[str]:
+                    progress: bool = False, mesh=None) -> list[str]:
   """What to print for each text (the checkpoint already loaded): its
   translation, or the text followed by its continuation ('' for a blank
-  text). The decoding flags come from args; inference.TextError names a
-  text that cannot be decoded."""
+  text). The decoding flags come from args; each batch is sharded over
+  mesh's 'data' axis (the parameters keep theirs); inference.TextError
+  names a text that cannot be decoded."""
   outputs = inference.decode_texts(
       model, tokenizer, texts, stream=stream, beam_size=args.beam_size,
       alpha=args.alpha, sampler=make_sampler(args),
       key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
-      batch_size=args.batch_size, progress=progress)
+      batch_size=args.batch_size, progress=progress, mesh=mesh)
   if isinstance(model, EncoderDecoder):
     return outputs
   return [text + out if out or not inference.is_blank(text) else ''
@@ -151,12 +158,13 @@ def translate_batch(model, tokenizer, texts: Sequence[str],
 
 
 def run(model, tokenizer, args: argparse.Namespace,
-        stream: bool = False) -> str:
+        stream: bool = False, mesh=None) -> str:
   """The text to print for args.input: its translation, or the input
   followed by its continuation."""
   check_args(args)
   try:
-    return translate_batch(model, tokenizer, [args.input], args, stream)[0]
+    return translate_batch(model, tokenizer, [args.input], args, stream,
+                           mesh=mesh)[0]
   except inference.TextError as e:
     raise UsageError(f'--input {e.reason}.') from None
 
@@ -167,8 +175,7 @@ def read_lines(path: str) -> list[str]:
     if path == '-':
       text = sys.stdin.read()
     else:
-      with open(path, encoding='utf-8') as f:
-        text = f.read()
+      text = storage.path(path, '--input_file').read_text(encoding='utf-8')
   except FileNotFoundError:
     raise UsageError(f'--input_file {path} does not exist.') from None
   except (OSError, UnicodeDecodeError) as e:
@@ -187,55 +194,60 @@ def write_lines(path: str, lines: Sequence[str]) -> None:
     sys.stdout.write(text)
     return
   try:
-    with open(path, 'w', encoding='utf-8') as f:
-      f.write(text)
+    storage.path(path, '--output_file').write_text(text, encoding='utf-8')
   except OSError as e:
     raise UsageError(f'--output_file {path} cannot be written ({e}).'
                      ) from None
 
 
 def translate_file(model, tokenizer, lines: Sequence[str],
-                   args: argparse.Namespace, stream: bool = False) -> None:
+                   args: argparse.Namespace, stream: bool = False,
+                   mesh=None) -> None:
   """Decodes the lines of args.input_file and writes args.output_file."""
   try:
     outputs = translate_batch(model, tokenizer, lines, args, stream,
-                              progress=True)
+                              progress=True, mesh=mesh)
   except inference.TextError as e:
     raise UsageError(f'Line {e.index + 1} of --input_file '
                      f'{args.input_file} {e.reason}.') from None
   write_lines(args.output_file, outputs)
 
 
-def _load(workdir: str):
-  """(model, tokenizer, stream): stream if an LM saw raw token windows."""
+def _load(workdir: str, devices: Sequence[jax.Device] | None = None):
+  """(model, tokenizer, stream, mesh): the checkpoint sharded over this
+  host's devices (or ``devices``) as ``restore.inference_mesh`` chooses,
+  which decoding then shards each batch over; stream if an LM saw raw token
+  windows."""
   from jax_transformer.train import restore  # pylint: disable=g-import-not-at-top
-  opened, params, _ = restore.load(workdir)
-  model = opened.model(params)
-  stream = (not isinstance(model, EncoderDecoder)
-            and data.get_spec(opened.config.data.name).lm_mode == 'stream')
-  return model, opened.tokenizer, stream
+  trained = restore.load_model(workdir, devices=devices)
+  stream = (not isinstance(trained.model, EncoderDecoder)
+            and data.get_spec(trained.config.data.name).lm_mode == 'stream')
+  return trained.model, trained.tokenizer, stream, trained.mesh
 
 
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None,
          load: Callable[[str], tuple] | None = None) -> int:
-  """load(workdir) -> (model, tokenizer, stream); tests inject one."""
+  """load(workdir) -> (model, tokenizer, stream[, mesh]); tests inject one.
+  """
   args = parse_args(argv)
   check_args(args)
-  if not os.path.isdir(args.workdir):
+  # Local or gs://, as training accepts it (an unreachable scheme is refused
+  # by resolve); checked before any file is read or checkpoint restored.
+  if not resolve(args.workdir).root.is_dir():
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir.')
   if args.input_file is not None:
     # Before loading: a bad file costs no checkpoint restore.
     lines = read_lines(args.input_file)
-  model, tokenizer, stream = (load or _load)(args.workdir)
+  model, tokenizer, stream, mesh = (*(load or _load)(args.workdir), None)[:4]
   # Once, before decoding: each batch then reuses the converted weights.
   model = quantize.for_decoding(model, args.dtype,
                                 'int8' if args.int8 else None)
   if args.input is not None:
-    print(run(model, tokenizer, args, stream))
+    print(run(model, tokenizer, args, stream, mesh))
   else:
-    translate_file(model, tokenizer, lines, args, stream)
+    translate_file(model, tokenizer, lines, args, stream, mesh)
   return 0
 
 

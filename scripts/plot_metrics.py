@@ -10,19 +10,23 @@ of the trainer's ``target_tokens``), and where the runs' time went: one bar
 per run of start-up, compile, data waits, steps, checkpoints, evaluation
 and restarts, summed over every start of the workdir, with its goodput
 (also printed, a line per run). Train loss is the cross-entropy without
-label smoothing (``nll``), the quantity ``eval_loss`` measures. A workdir
-without metrics is one sentence on stderr and exit code 2.
+label smoothing (``nll``), the quantity ``eval_loss`` measures. Workdirs
+may be local or ``gs://``, and so may ``--out``. A workdir without metrics
+is one sentence on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from typing import NamedTuple, Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.workdir import resolve
 from jax_transformer.train import goodput, metrics
 
 PROG = 'plot_metrics.py'
@@ -55,12 +59,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def load_run(workdir: str, name: str) -> Run:
-  if not os.path.isdir(workdir):
+  """A workdir's metrics, local or gs:// as training accepts it."""
+  paths = resolve(workdir, 'WORKDIR')
+  if not paths.root.is_dir():
     raise UsageError(f'{workdir} is not a directory.')
-  if not os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+  if not paths.metrics.exists():
     raise UsageError(f'{workdir} has no metrics.jsonl; is it a training '
                      'directory that has logged a step?')
-  rows = metrics.read_history(workdir)
+  rows = metrics.read_history(paths)
   if not rows:
     raise UsageError(f'{workdir}/metrics.jsonl holds no rows yet.')
   tokens = None
@@ -70,7 +76,7 @@ def load_run(workdir: str, name: str) -> Run:
       total += row['target_tokens']
       tokens.append(total)
   # Every start's last row holds its times (train/goodput.py).
-  ends = [r for r in metrics.read_jsonl(workdir) if 'goodput' in r]
+  ends = [r for r in metrics.read_jsonl(paths) if 'goodput' in r]
   return Run(name, rows, tokens, goodput.across_starts(ends) if ends else None)
 
 
@@ -135,12 +141,15 @@ def plot(runs: Sequence[Run], out: str) -> None:
   handles += [Line2D([], [], color='gray', linestyle=style, label=name)
               for name, style in (('train', '-'), ('eval', '--'))]
   fig.legend(handles=handles, loc='outside right upper')
-  try:
-    fig.savefig(out, dpi=100)
+  picture = io.BytesIO()
+  try:  # the format from out's suffix, as savefig(out) picks it
+    fig.savefig(picture, dpi=100,
+                format=os.path.splitext(out)[1][1:].lower() or None)
   except ValueError as e:  # an unknown format
     raise UsageError(f'--out {out}: {e}') from None
   finally:
     plt.close(fig)
+  storage.path(out, '--out').write_bytes(picture.getvalue())
 
 
 TIME_PARTS = ('startup', 'compile', 'restarts', 'data_wait', 'step',
@@ -167,8 +176,8 @@ def time_bars(ax, runs: Sequence[Run]) -> None:
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  folder = os.path.dirname(args.out) or '.'
-  if not os.path.isdir(folder):
+  folder = storage.path(args.out, '--out').parent
+  if not folder.is_dir():
     raise UsageError(f'--out {args.out}: the folder {folder} does not '
                      'exist.')
   runs = [load_run(w, n)

@@ -120,12 +120,24 @@ def write(trained: Trained, fmt: str, out: str) -> list[str]:
   folder = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(folder):
     raise UsageError(f'--out {out}: the folder {folder} does not exist.')
-  return _WRITERS[fmt](trained, out)
+  return _WRITERS[fmt](on_host(trained), out)
+
+
+def on_host(trained: Trained) -> Trained:
+  """trained with its parameters gathered into host memory (numpy), one at
+  a time: a model sharded over several devices (``restore.inference_mesh``)
+  is written without a second copy on any device, and the layout
+  conversions (slicing scanned stacks, transposes) run on the host."""
+  model_def, params = params_lib.split(trained.model)
+  host = {k: np.asarray(jax.device_get(v)) for k, v in params.items()}
+  return dataclasses.replace(trained, model=model_def.merge(host))
 
 
 def _tensors(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
-  # Contiguous, writable host copies (torch and safetensors want both).
-  return {k: np.array(v) for k, v in arrays.items()}
+  # Contiguous, writable host arrays (torch and safetensors want both),
+  # copied only where a view is neither.
+  return {k: np.require(np.asarray(v), requirements=('C', 'W'))
+          for k, v in arrays.items()}
 
 
 def torch_config(trained: Trained) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
@@ -187,15 +187,52 @@ def restore_params(workdir: Workdir, steps: Sequence[int], mesh
   return {k: jax.device_put(v, shardings[k]) for k, v in mean.items()}
 
 
-def load(path: str | WorkdirPaths, step: int | None = None
+def inference_mesh(workdir: Workdir, devices: Sequence[jax.Device] | None
+                   = None) -> Mesh:
+  """The mesh a trained model is restored onto to be scored, decoded or
+  exported: over this host's devices (``jax.local_devices()``, or
+  ``devices``), never another host's, so that one machine of a pod (or any
+  machine with several accelerators) holds a model larger than one device.
+
+  Chosen in this order, the first whose axes divide every parameter:
+
+  1. the training run's ``config.mesh`` sizes, when they multiply to the
+     number of devices here (a -1 takes the rest: ``fsdp=-1``, as in
+     ``lm_7b``, spreads the parameters over all of them);
+  2. every device on ``'fsdp'`` (parameters split along their ``'embed'``
+     dimension, the rest replicated), when the training mesh needs more
+     (or other) devices than this host has;
+  3. the first k devices on ``'fsdp'``, k the largest divisor of their
+     number that divides the parameters (1 at worst).
+  """
+  devices = list(jax.local_devices() if devices is None else devices)
+  shapes = {k: v.shape for k, v in workdir.setup.abstract_params.items()}
+  specs = sharding.param_specs(workdir.setup.model_def.logical_axes)
+  trained_on = {axis: workdir.config.mesh.get(axis, 1)
+                for axis in sharding.MESH_AXES}
+  candidates = [(trained_on, devices)]
+  candidates += [({'data': 1, 'fsdp': k, 'tensor': 1}, devices[:k])
+                 for k in range(len(devices), 0, -1) if len(devices) % k == 0]
+  for sizes, chosen in candidates:
+    try:
+      mesh = sharding.make_mesh(sizes, chosen)
+      sharding.check_divisible(shapes, specs, mesh)
+    except UsageError:
+      continue
+    return mesh
+  raise AssertionError('unreachable: one device fits any parameters')
+
+
+def load(path: str | WorkdirPaths, step: int | None = None,
+         devices: Sequence[jax.Device] | None = None
          ) -> tuple[Workdir, dict[str, jax.Array], int]:
   """(the workdir, the parameters of its checkpoint at ``step`` (default:
-  the latest) on this process's first device, that step), for decoding
-  or export. Bad input raises UsageError (see open_workdir)."""
+  the latest) placed as in training on ``inference_mesh(workdir,
+  devices)``, that step), for decoding or export. Bad input raises
+  UsageError (see open_workdir)."""
   workdir = open_workdir(path)
   (step,) = choose_steps(workdir, step)
-  mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
-                            jax.local_devices()[:1])
+  mesh = inference_mesh(workdir, devices)
   return workdir, restore_params(workdir, [step], mesh), step
 
 
@@ -207,23 +244,29 @@ class Trained:
   tokenizer: Any
   config: ml_collections.ConfigDict
   step: int
+  mesh: Mesh | None = None  # where the parameters are (inference_mesh)
 
   @property
   def kind(self) -> str:
     return self.config.model_kind
 
 
-def load_model(workdir: str | WorkdirPaths, step: int | None = None
-               ) -> Trained:
+def load_model(workdir: str | WorkdirPaths, step: int | None = None,
+               devices: Sequence[jax.Device] | None = None) -> Trained:
   """The checkpoint at ``step`` (default: the latest) of a trained workdir,
-  on this process's first device. Bad input raises UsageError in one
-  sentence (see open_workdir)."""
-  opened, params, step = load(workdir, step)
-  return Trained(opened.model(params), opened.tokenizer, opened.config, step)
+  sharded over this host's devices (or ``devices``) as ``inference_mesh``
+  chooses. Bad input raises UsageError in one sentence (see
+  open_workdir)."""
+  opened, params, step = load(workdir, step, devices)
+  mesh = next(iter(params.values())).sharding.mesh
+  return Trained(opened.model(params), opened.tokenizer, opened.config, step,
+                 mesh)
 
 
 def load_for_inference(workdir: str | WorkdirPaths, step: int | None = None):
-  """(model, tokenizer) from a trained workdir, on one local device.
+  """(model, tokenizer) from a trained workdir, its parameters sharded
+  over this host's devices as in training where they fit
+  (``inference_mesh``).
 
   The model is an EncoderDecoder or DecoderLM holding the parameters of
   the checkpoint at ``step`` (default: the latest); the tokenizer is the

@@ -259,9 +259,9 @@ def test_hf_gpt2_imports_and_greedy_generate_matches_transformers(
   recorder = {}
 
   def load(workdir):
-    model, tok, stream = GENERATE._load(workdir)
+    model, tok, stream, mesh = GENERATE._load(workdir)
     recorder['tok'] = RecordingTokenizer(tok)
-    return model, recorder['tok'], stream
+    return model, recorder['tok'], stream, mesh
 
   capsys.readouterr()
   assert GENERATE.main(['--workdir', gpt2_workdir, '--input', PROMPT,
