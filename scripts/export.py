@@ -43,6 +43,10 @@ logits with the JAX model on two batches of the workdir's validation data
 the largest absolute difference. scripts/import_params.py reads all three
 formats back.
 
+The workdir may be local or ``gs://``; the checkpoint is restored over
+this machine's devices as training sharded it (``restore.inference_mesh``)
+and gathered to the host one parameter at a time to be written.
+
 Exit codes: 0 done; 1 --verify found a difference above --tolerance; 2 bad
 input (missing workdir or checkpoint step, a format the model does not fit),
 one sentence on stderr.
