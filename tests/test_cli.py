@@ -115,6 +115,11 @@ def test_import_params_reads_config_flags_as_train_does(capsys, tmp_path):
     ('--config.seq_len=100', 'config.seq_len=100 exceeds model.max_len=64'),
     ('--config.num_steps=0', 'config.num_steps must be a positive integer'),
     ('--config.model_kind=gpt', "model_kind must be one of"),
+    ('--config.mesh.dcn_data=-1', 'config.mesh.dcn_data must be an integer '
+     '>= 0'),
+    # One slice: nothing crosses a data-center network.
+    ('--config.mesh.dcn_data=2', 'config.mesh.dcn_data=2 and dcn_fsdp=0 do '
+     'not fit mesh'),
 ])
 def test_train_refuses_a_config_that_cannot_run_before_data(
     override, needle, tmp_path, capsys):
@@ -130,6 +135,30 @@ def test_train_refuses_a_config_that_cannot_run_before_data(
   assert code == cli.EXIT_USAGE
   assert needle in one_line(capsys.readouterr().err, 'train.py')
   assert not workdir.exists() and not data_dir.exists()
+
+
+@pytest.mark.parametrize('runtimes, sentence', [
+    ([], "config.mesh asks for 64 devices but this install has 8 CPU devices "
+     "and no TPU or GPU runtime: pip install -e '.[tpu]' on a TPU VM or "
+     "'.[cuda]' on GPU hosts."),
+    (['libtpu'], 'config.mesh asks for 64 devices but JAX found 8 CPU devices '
+     'and no accelerator here, although libtpu is installed'),
+])
+def test_a_mesh_larger_than_a_cpu_install_names_the_extra(
+    runtimes, sentence, tmp_path, capsys, monkeypatch):
+  from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(targets, 'accelerator_runtimes', lambda: runtimes)
+  workdir = tmp_path / 'run'
+  values = flags.FlagValues()
+  TRAIN.define_flags(values)
+  TRAIN.parse_flags(['train.py', '--config', TINY, '--config.mesh.data=8',
+                     '--config.mesh.fsdp=8', f'--workdir={workdir}',
+                     '--compilation_cache_dir=', '--noretain_host_memory'],
+                    values)
+  assert TRAIN.main(['train.py'], values) == cli.EXIT_USAGE
+  line = one_line(capsys.readouterr().err, 'train.py')
+  assert line.startswith(f'train.py: error: {sentence}'), line
+  assert not workdir.exists()
 
 
 # ----------------------------------------------------------------------------

@@ -20,10 +20,12 @@ from absl import flags
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-# The names are those of jax_transformer/runtime/targets.py, which imports
-# JAX; an unknown one is refused there, naming them all.
-TARGETS_HELP = ('an accelerator target (e.g. v5e-4, v5p-128, v6e-256, '
-                'h100-8; the names: jax_transformer/runtime/targets.py)')
+# The names are parsed by jax_transformer/runtime/targets.py, which imports
+# JAX; a name that is not a slice is refused there, in one sentence.
+TARGETS_HELP = ('an accelerator target: a TPU slice v4-N, v5p-N (N '
+                'TensorCores), v5e-N, v6e-N (N chips), e.g. v5e-4, v5p-64, '
+                'v6e-256, or GPU hosts h100-N, h200-N (8 GPUs a host), e.g. '
+                'h100-16')
 
 
 def define_target(values: flags.FlagValues, prefix: str = '',

@@ -25,10 +25,11 @@ from flax import nnx
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer import errors
 from jax_transformer.compile import hlo_stats, lowering, step_model
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
-from jax_transformer.model import attention
+from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets
 from jax_transformer.train import experiment, memory, perf, steps
 
@@ -45,21 +46,34 @@ class StepCompile:
   compile_s: float
   per_chip_bytes: int | None
   compiled: Any = None       # jax.stages.Compiled, None when over memory
+  # The compiler's own words when it refused the step for memory (its
+  # RESOURCE_EXHAUSTED), whether or not they held a figure.
+  refused: str | None = None
+
+  def fits(self, capacity: int | None) -> bool:
+    """Whether the step fits a chip of capacity bytes (None: unknown)."""
+    if self.refused is not None:
+      return False
+    return (self.per_chip_bytes is not None
+            and (capacity is None or self.per_chip_bytes <= capacity))
 
 
 def compile_lowered(lowered: jax.stages.Lowered,
                     lower_s: float = 0.0) -> StepCompile:
-  """lowered compiled; a step over the chip's memory is a StepCompile
-  holding the need the compiler reported, and no executable."""
+  """lowered compiled; a step over the chip's memory (the compiler's
+  RESOURCE_EXHAUSTED) is a StepCompile holding the need the compiler
+  reported, where it reported one, and no executable."""
   start = time.perf_counter()
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as err:
-    over = _OVER_HBM.search(str(err))
-    if 'RESOURCE_EXHAUSTED' not in str(err) or not over:
+    if 'RESOURCE_EXHAUSTED' not in str(err):
       raise
-    used = float(over.group(1)) * _UNITS[over.group(2)]
-    return StepCompile(lower_s + time.perf_counter() - start, int(used))
+    over = _OVER_HBM.search(str(err))
+    used = (int(float(over.group(1)) * _UNITS[over.group(2)]) if over
+            else None)
+    return StepCompile(lower_s + time.perf_counter() - start, used,
+                       refused=errors.first_line(err))
   seconds = lower_s + time.perf_counter() - start
   stats = memory.Compiled.of(compiled)
   return StepCompile(seconds, stats.total if stats else None, compiled)
@@ -118,13 +132,12 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
   token = jax.ShapeDtypeStruct((), jnp.int32, sharding=whole)
   start = time.perf_counter()
   with attention.compiling_for(platform), jax.set_mesh(mesh):
-    compiled = loop.generate_jit.lower(
+    lowered = loop.generate_jit.lower(
         graphdef, state, given, key, token, token,
-        max_new_tokens=new_tokens, sampler=sampling.greedy,
-        mesh=mesh).compile()
-  stats = memory.Compiled.of(compiled)
-  return StepCompile(time.perf_counter() - start,
-                     stats.total if stats else None, compiled)
+        max_new_tokens=new_tokens, sampler=sampling.greedy, mesh=mesh)
+  # Over the chip's memory, the compiler's refusal is a figure, as the
+  # train and eval steps' are (compile_lowered).
+  return compile_lowered(lowered, time.perf_counter() - start)
 
 
 def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
@@ -187,9 +200,10 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
   row = {
       'config': spec, 'target': target.name, 'slices': slices,
       'devices': len(devices), 'device_kind': devices[0].device_kind,
-      'mesh': dict(mesh.shape), 'batch_size': cfg.batch_size,
+      'mesh': dict(mesh.shape), 'mesh_spans': sharding.spans(mesh),
+      'batch_size': cfg.batch_size,
       'seq_len': cfg.seq_len,
-      'fits': per_chip is not None and per_chip <= chip_memory,
+      'fits': train.fits(chip_memory),
       'per_chip_bytes': per_chip, 'chip_memory_bytes': chip_memory,
       'over_by_bytes': max(0, (per_chip or 0) - chip_memory),
       'estimate_bytes': facts['estimate'].total,
@@ -198,6 +212,11 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
       'eval_per_chip_bytes': evaluation.per_chip_bytes,
       'decode_compile_s': round(facts['decode'].compile_s, 2),
       'decode_per_chip_bytes': facts['decode'].per_chip_bytes,
+      'eval_fits': evaluation.fits(chip_memory),
+      'decode_fits': facts['decode'].fits(chip_memory),
+      'refused': {name: step.refused for name, step in (
+          ('train', train), ('eval', evaluation), ('decode', facts['decode']))
+                  if step.refused},
       'attention_kernel': kernel_note or kernel,
       'attention_kernels_in_hlo': in_hlo,
   }
@@ -217,18 +236,41 @@ def _serialize(compiled, path: str) -> None:
     f.write(payload)
 
 
+# The row's fields of each step, in the order a refusal names them.
+_STEPS = (('train', 'fits', 'per_chip_bytes', 'to train'),
+          ('eval', 'eval_fits', 'eval_per_chip_bytes', 'to evaluate'),
+          ('decode', 'decode_fits', 'decode_per_chip_bytes', 'to decode'))
+
+
 def check_fits(cfg: ml_collections.ConfigDict, spec: str,
                target_name: str, slices: int = 1) -> dict[str, Any]:
-  """report(), then UsageError in one sentence when the run does not fit."""
+  """report(), then UsageError in one sentence when the run's train step,
+  eval step or decode does not fit a chip, by the compiler's figures or
+  by its own RESOURCE_EXHAUSTED."""
   row = report(cfg, spec, target_name, slices)
-  if not row['fits']:
-    need = memory.readable(row['per_chip_bytes'] or 0)
-    have = memory.readable(row['chip_memory_bytes'])
-    raise UsageError(
-        f'--aot_target {target_name}: {spec} needs {need} per chip by the '
-        f'{row["device_kind"]} compiler, and a chip has {have}; '
-        f'{memory.ADVICE}.')
+  refusal = not_fitting(row, f'--aot_target {target_name}')
+  if refusal:
+    raise UsageError(refusal)
   return row
+
+
+def not_fitting(row: dict[str, Any], where: str) -> str | None:
+  """The one-sentence refusal of a report row, None when every step fits."""
+  have = memory.readable(row['chip_memory_bytes'])
+  for name, fits, need, doing in _STEPS:
+    if row.get(fits, True):
+      continue
+    need = row.get(need)
+    by = f'by the {row["device_kind"]} compiler'
+    said = row.get('refused', {}).get(name)
+    if need is None and said:
+      return (f'{where}: {row["config"]} does not fit {doing} {by}, which '
+              f'ran out of memory ({said.rstrip(".")}), and a chip has '
+              f'{have}; {memory.ADVICE}.')
+    return (f'{where}: {row["config"]} needs {memory.readable(need or 0)} '
+            f'per chip {doing} {by}, and a chip has {have}; '
+            f'{memory.ADVICE}.')
+  return None
 
 
 def summary(row: dict[str, Any]) -> str:
@@ -237,6 +279,10 @@ def summary(row: dict[str, Any]) -> str:
   have = memory.readable(row['chip_memory_bytes'])
   verdict = ('fits' if row['fits'] else
              f'does not fit (over by {memory.readable(row["over_by_bytes"])})')
+  for name, fits, _, _ in _STEPS[1:]:
+    if row['fits'] and not row.get(fits, True):
+      verdict = f'fits, but its {name} does not'
+
   mfu = (f'{row["mfu_bound"]:.0%}' if row.get('mfu_bound') is not None
          else 'unknown')
   return (f'{row["config"]} on {row["target"]} ({row["devices"]} x '

@@ -7,6 +7,11 @@ maps them to the mesh axes ('data', 'fsdp', 'tensor'). Batches are split over
 (:func:`constrain`): the batch over ('data', 'fsdp'), heads, MLP features
 and the vocabulary over 'tensor'; 'embed' stays whole in an activation
 because its batch already took 'fsdp'.
+
+Over several TPU slices (or GPU hosts) the mesh is hybrid: the same block
+in each, on its fast links, and only 'data' and 'fsdp' crossing the
+data-center network between them, as ``mesh.dcn_data`` and
+``mesh.dcn_fsdp`` say ('data' first by default; :func:`make_mesh`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Mapping, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_transformer.errors import UsageError
@@ -61,15 +67,129 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
   return tuple(shape)
 
 
+# How many parts of the 'data' and 'fsdp' axes lie in different slices (TPU)
+# or hosts (GPU): their product is the number of slices or hosts, and only
+# these axes cross the data-center network ('tensor' never does). 0 for
+# both: automatic, 'data' as far as it is a multiple of their number, then
+# 'fsdp'.
+DCN_FIELDS = ('dcn_data', 'dcn_fsdp')
+
+
 def make_mesh(sizes: Mapping[str, int],
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over all (or the given) devices."""
+  """A ('data', 'fsdp', 'tensor') mesh over all (or the given) devices.
+
+  Devices in several slices (TPU: ``slice_index``) or on several hosts (GPU:
+  ``process_index``, where each process holds more than one GPU) get a
+  hybrid mesh (``mesh_utils.create_hybrid_device_mesh``): each slice or host
+  holds the same block of the mesh, laid out on its fast links (ICI,
+  NVLink), and only 'data' and 'fsdp' cross between them, in the outer part
+  of each, as ``sizes['dcn_data']`` and ``sizes['dcn_fsdp']`` say. The run
+  (``checks.check_experiment``) and the compile for a target
+  (``compile.lowering.lower_train``) both build their mesh here, so what a
+  target's compiler proved is what runs.
+  """
   devices = list(jax.devices() if devices is None else devices)
+  dcn_counts(sizes)
   shape = mesh_shape(sizes, len(devices))
-  if devices == list(jax.devices()):
-    return jax.make_mesh(shape, MESH_AXES,
-                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  units = granules(devices)
+  ici, dcn = hybrid_shape(sizes, shape, units)
+  return Mesh(mesh_devices(ici, dcn, devices, by_host=units[0] == 'host'),
+              MESH_AXES,
+              axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def granules(devices: Sequence[jax.Device]) -> tuple[str, int]:
+  """('slice', n) or ('host', n): the units the slow network joins."""
+  slices = {getattr(d, 'slice_index', None) for d in devices} - {None}
+  if len(slices) > 1:
+    return 'slice', len(slices)
+  if devices and devices[0].platform in ('gpu', 'cuda', 'rocm'):
+    per_process: dict[int, int] = {}
+    for d in devices:
+      per_process[d.process_index] = per_process.get(d.process_index, 0) + 1
+    # One GPU per process (SLURM's one task per GPU) tells nothing of hosts:
+    # the devices' own order (XLA numbers a host's GPUs together) is kept.
+    if len(per_process) > 1 and min(per_process.values()) > 1:
+      return 'host', len(per_process)
+  return 'slice', 1
+
+
+def dcn_counts(sizes: Mapping[str, int]) -> tuple[int, int]:
+  """(dcn_data, dcn_fsdp) of sizes (0: automatic), each refused in one
+  sentence when it is not an integer >= 0."""
+  counts = []
+  for name in DCN_FIELDS:
+    value = sizes.get(name, 0) or 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise UsageError(f'config.mesh.{name} must be an integer >= 0 (how '
+                       'many slices or hosts that axis spans; 0 for both: '
+                       f'automatic), got {value!r}.')
+    counts.append(value)
+  return counts[0], counts[1]
+
+
+def hybrid_shape(sizes: Mapping[str, int], shape: Sequence[int],
+                 units: tuple[str, int]
+                 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(per-slice shape, across-slices shape) of the mesh shape: their
+  product is shape, and the second splits only 'data' and 'fsdp'."""
+  counts = dcn_counts(sizes)
+  n = units[1]
+  what = f'{units[0]}s' if n > 1 else units[0]
+  data, fsdp, tensor = shape
+  if counts == (0, 0):
+    if n == 1:
+      return tuple(shape), (1, 1, 1)
+    dcn_data = math.gcd(data, n)
+    dcn = (dcn_data, n // dcn_data, 1)
+    if fsdp % dcn[1]:
+      raise UsageError(
+          f'Mesh {dict(zip(MESH_AXES, shape))} cannot be split over the {n} '
+          f'{what} with only data and fsdp crossing between them: make '
+          f'config.mesh.data x config.mesh.fsdp ({data} x {fsdp}) a multiple '
+          f'of {n} (tensor parallelism stays inside a slice or host).')
+  else:
+    dcn = (max(counts[0], 1), max(counts[1], 1), 1)
+    if dcn[0] * dcn[1] != n or data % dcn[0] or fsdp % dcn[1]:
+      raise UsageError(
+          f'config.mesh.dcn_data={counts[0]} and dcn_fsdp={counts[1]} do '
+          f'not fit mesh {dict(zip(MESH_AXES, shape))} on {n} {what}: their '
+          f'product must be {n}, each dividing its axis (or both 0: '
+          'automatic).')
+  return (data // dcn[0], fsdp // dcn[1], tensor), dcn
+
+
+def spans(mesh: Mesh) -> dict[str, int]:
+  """How many slices (or hosts) each mesh axis spans: 1 for an axis that
+  stays on one slice's fast links."""
+  kind, n = granules(list(mesh.devices.flat))
+  if n == 1:
+    return {axis: 1 for axis in mesh.axis_names}
+  key = ((lambda d: d.slice_index) if kind == 'slice'
+         else (lambda d: d.process_index))
+  owner = np.vectorize(key, otypes=[int])(mesh.devices)
+  out = {}
+  for i, axis in enumerate(mesh.axis_names):
+    along = np.moveaxis(owner, i, 0).reshape(owner.shape[i], -1)
+    out[axis] = max(len(set(column)) for column in along.T)
+  return out
+
+
+def mesh_devices(ici: Sequence[int], dcn: Sequence[int],
+                 devices: Sequence[jax.Device],
+                 by_host: bool = False) -> np.ndarray:
+  """The devices as an array of shape ici x dcn (axis by axis): on a TPU
+  laid out on the chips' torus, on GPUs by XLA's device numbering; slice by
+  slice (by_host: process by process) when dcn is not all ones."""
+  if math.prod(dcn) > 1:
+    return mesh_utils.create_hybrid_device_mesh(
+        ici, dcn, devices, process_is_granule=by_host,
+        allow_split_physical_axes=True)
+  if devices[0].platform in ('tpu', 'gpu'):
+    return mesh_utils.create_device_mesh(ici, devices,
+                                         allow_split_physical_axes=True)
+  return np.asarray(devices).reshape(ici)
 
 
 def logical_to_spec(axes: Sequence[str],

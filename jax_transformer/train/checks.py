@@ -3,8 +3,9 @@ input in one sentence (``UsageError``) before any data is prepared or any
 step compiled.
 
 ``check_run_fields`` (counts, intervals, paths), ``check_experiment`` (the
-model kind and fields, lengths, the mesh and batch sizes: returns the
-mesh), ``check_resumable`` (a workdir trained with another model or data).
+model kind and fields, lengths, the mesh against the devices and the
+install, and batch sizes: returns the mesh), ``check_resumable`` (a
+workdir trained with another model or data).
 ``model_config`` turns config.model into a ``ModelConfig``, whose own
 construction checks the architecture's values (``model/config.py``).
 """
@@ -21,7 +22,7 @@ from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
-from jax_transformer.runtime import storage
+from jax_transformer.runtime import storage, targets
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 
 # Fields that count steps, batches or checkpoints: 0 would divide by zero
@@ -86,10 +87,37 @@ def check_experiment(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   known yet: a stand-in size checks everything else)."""
   check_model_kind(cfg)
   check_lengths(cfg, model_config(cfg, 1))
+  check_accelerators(cfg.mesh)
   mesh = sharding.make_mesh(cfg.mesh)
   sharding.check_batch(cfg.batch_size, mesh)
   sharding.check_batch(cfg.eval_batch_size, mesh)
   return mesh
+
+
+def check_accelerators(sizes, devices: list | None = None) -> None:
+  """Refuses, naming the extra to install, a mesh that asks for more
+  devices than there are where JAX found only CPUs (an install without a
+  TPU or GPU runtime, or one run where there is no accelerator)."""
+  devices = jax.devices() if devices is None else devices
+  asked = 1
+  for axis in sharding.MESH_AXES:
+    size = sizes.get(axis, 1)
+    if isinstance(size, int) and size > 0:
+      asked *= size
+  if asked <= len(devices) or any(d.platform != 'cpu' for d in devices):
+    return
+  found = f'{len(devices)} CPU device{"s" if len(devices) > 1 else ""}'
+  runtimes = targets.accelerator_runtimes()
+  if runtimes:
+    raise UsageError(
+        f'config.mesh asks for {asked} devices but JAX found {found} and no '
+        f'accelerator here, although {" and ".join(runtimes)} '
+        f'{"is" if len(runtimes) == 1 else "are"} installed (no TPU or GPU '
+        'on this machine, or JAX_PLATFORMS=cpu): run it on the TPU VM or GPU '
+        f'hosts, installed there with {targets.RUN_INSTALL}.')
+  raise UsageError(
+      f'config.mesh asks for {asked} devices but this install has {found} '
+      f'and no TPU or GPU runtime: {targets.RUN_INSTALL}.')
 
 
 # Fields that change how a step computes or where files are, not what the

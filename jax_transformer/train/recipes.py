@@ -115,7 +115,12 @@ def base_config() -> ConfigDict:
       # and optimizer state kept); training stops at the first (0) or after
       # this many in a row.
       max_skipped_updates=0))
-  c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Devices as data x fsdp x tensor (one -1: the rest). Over several TPU
+  # slices (GPU hosts) only data and fsdp cross the slow network between
+  # them: dcn_data x dcn_fsdp parts of those axes, one per slice (host);
+  # both 0 puts data across first, then fsdp (model/sharding.make_mesh).
+  c.mesh = ConfigDict(dict(data=-1, fsdp=1, tensor=1, dcn_data=0,
+                           dcn_fsdp=0))
   c.sample = ConfigDict(dict(enabled=True, prompt='ROMEO:', max_new_tokens=200,
                              temperature=0.8, top_k=40))
   return c

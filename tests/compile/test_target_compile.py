@@ -66,13 +66,42 @@ def test_collective_bytes_count_each_loop_trip():
   assert moved['reduce-scatter'] == 0
 
 
-def test_targets_name_their_chips_and_refuse_unknown_names():
-  assert targets.target('v5p-128').chips == 64  # 128 cores, megacore
-  assert targets.target('v5e-256').chips == 256
-  assert targets.target('h100-8').platform == 'cuda'
-  with pytest.raises(UsageError, match="Unknown target 'v5x-8'; choose one"):
-    targets.target('v5x-8')
+@pytest.mark.parametrize('name, topology, chips', [
+    ('v5p-128', 'v5:4x4x4', 64),   # 128 cores, megacore
+    ('v5p-64', 'v5:2x4x4', 32),
+    ('v5p-384', 'v5:4x4x12', 192),
+    ('v5p-768', 'v5:4x8x12', 384),
+    ('v4-8', 'v4:2x2x1', 4),
+    ('v4-4096', 'v4:8x16x16', 2048),
+    ('v5e-1', 'v5e:1x1', 1),
+    ('v5e-16', 'v5e:4x4', 16),
+    ('v6e-64', 'v6e:8x8', 64),
+    ('h100-16', '2x1x8', 16),
+    ('h200-24', '3x1x8', 24),
+])
+def test_any_slice_of_the_known_families_parses_by_name(name, topology,
+                                                         chips):
+  t = targets.target(name)
+  assert (t.topology, t.chips) == (topology, chips)
+  assert t.platform == ('cuda' if name.startswith('h') else 'tpu')
+  assert t.megacore == name.startswith(('v4', 'v5p'))
   assert 'major: 9' in gpu_specs.target_config('h200')
+
+
+@pytest.mark.parametrize('name, sentence', [
+    ('v5x-8', "Unknown target 'v5x-8': name a TPU slice v4-N or v5p-N"),
+    ('v5p-12', 'v5p-12 is not a v5p slice: v5p-N counts TensorCores (2 a '
+     'chip): 8, 16, 32, 64, or a multiple of 128 that fits the 16x20x28 pod'),
+    ('v5e-12', 'v5e-12 is not a v5e slice: v5e-N counts chips, one of 1, 4, '
+     '8, 16, 32, 64, 128, 256 (e.g. v5e-16).'),
+    ('v4-16384', 'v4-16384 is not a v4 slice'),
+    ('h100-12', 'h100-12 is not a number of whole GPU hosts: h100-N counts '
+     'GPUs, 8 a host'),
+])
+def test_a_name_that_is_no_slice_is_refused_in_one_sentence(name, sentence):
+  with pytest.raises(UsageError) as err:
+    targets.target(name)
+  assert str(err.value).startswith(sentence), err.value
 
 
 def compile_at_size(*flags, pythonpath=None):
@@ -128,7 +157,8 @@ def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith('train.py: error: --aot_target v5e-4: '
                          'lm_shakespeare:tiny needs '), last
-  assert 'per chip by the TPU v5 lite compiler, and a chip has 17.2 GB' in last
+  assert ('per chip to train by the TPU v5 lite compiler, and a chip has '
+          '17.2 GB') in last
 
 
 @needs_gpu
@@ -177,7 +207,37 @@ def test_two_slices_compile_with_the_data_axis_across_them():
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['devices'] == 8 and row['slices'] == 2
   assert row['mesh'] == {'data': 2, 'fsdp': 4, 'tensor': 1}
+  # The hybrid mesh the run builds (model/sharding.make_mesh): data alone
+  # crosses between the slices.
+  assert row['mesh_spans'] == {'data': 2, 'fsdp': 1, 'tensor': 1}
   assert row['fits']
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_a_tiny_lm_compiles_for_v5p_64_by_its_name():
+  out = compile_at_size('--target', 'v5p-64', '--config',
+                        'lm_shakespeare:tiny', '--config.batch_size=32',
+                        '--config.eval_batch_size=32')
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['devices'] == 32 and row['device_kind'] == 'TPU v5'
+  assert row['fits'] and row['decode_fits']
+
+
+@needs_gpu
+@pytest.mark.slow
+def test_a_tiny_lm_compiles_for_two_h100_hosts_with_fsdp_across_them():
+  out = compile_at_size('--target', 'h100-16', '--config',
+                        'lm_shakespeare:tiny', '--config.batch_size=16',
+                        '--config.eval_batch_size=16', '--config.mesh.data=1',
+                        '--config.mesh.fsdp=-1',
+                        '--config.model.attention_implementation=xla',
+                        pythonpath=GPU_COMPILER)
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['devices'] == 16 and row['fits']
+  assert row['mesh_spans'] == {'data': 1, 'fsdp': 2, 'tensor': 1}
 
 
 def test_devices_come_slice_by_slice():

@@ -46,7 +46,8 @@ def test_a_candidate_as_flags_gives_back_its_config():
   c = cands.Candidate(2, 2, 2, 'full', 'bfloat16', 8192, 16, 2)
   cfg, _, _ = cli.parse_config_flags(
       ['train.py', '--config', 'lm_shakespeare:tiny', *c.flags()])
-  assert dict(cfg.mesh) == {'data': 2, 'fsdp': 2, 'tensor': 2}
+  assert {a: cfg.mesh[a] for a in ('data', 'fsdp', 'tensor')} == {
+      'data': 2, 'fsdp': 2, 'tensor': 2}
   assert (cfg.model.remat, cfg.model.param_dtype, cfg.loss_chunk_size,
           cfg.batch_size, cfg.optim.grad_accum_steps) == (
               'full', 'bfloat16', 8192, 16, 2)
