@@ -39,6 +39,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
   c.log_every = 100
   c.eval_every = 5000
   c.checkpoint_every = 2000
+  # The paper averages the last 5 checkpoints (evaluate.py --average_last 5).
+  c.keep_checkpoints = 5
   c.sample.prompt = 'The cat sat on the mat.'
   c.sample.max_new_tokens = 64
   if preset == 'big':

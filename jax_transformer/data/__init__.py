@@ -4,6 +4,7 @@ Typical use (see docs/data.md)::
 
   from jax_transformer import data
   prepared = data.prepare('shakespeare')               # build once, cheap after
+  prepared = data.prepare_for(cfg.data)   # the same from a run's data config
   it = data.make_iterator({'name': 'shakespeare'}, 'train', prepared.tokenizer,
                           batch_size=64, seq_len=256, seed=0)
   batch = next(it)  # inputs, targets, segment_ids, positions: [64, 256]
@@ -11,7 +12,8 @@ Typical use (see docs/data.md)::
 Modules, bottom to top: ``tokenizers``, ``batching`` (example layouts and
 packing), ``downloads`` (TFDS downloads without TensorFlow), the builders
 (``shakespeare``, ``ding``, ``lm1b``, ``wmt``; ``builders`` picks one by
-name), ``datasets`` (what exists, ``prepare``), ``pipeline`` (Grain).
+name; ``files`` your own files), ``datasets`` (what exists; the door
+``spec_for``/``prepare_for``), ``pipeline`` (Grain).
 """
 
 from jax_transformer.data.batching import (
@@ -30,6 +32,8 @@ from jax_transformer.data.datasets import (
                                            get_spec,
                                            load_source,
                                            prepare,
+                                           prepare_for,
+                                           spec_for,
 )
 from jax_transformer.data.pipeline import (
                                            DataConfig,
@@ -56,6 +60,7 @@ __all__ = [
     'SentencePieceTokenizer', 'UNK_ID', 'default_data_dir', 'get_spec',
     'global_batch', 'initial_state', 'lm_example', 'lm_layout',
     'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
-    'make_iterator', 'prepare', 'train_iterator', 'translation_example',
+    'make_iterator', 'prepare', 'prepare_for', 'spec_for', 'train_iterator',
+    'translation_example',
     'translation_layout', 'translation_source',
 ]

@@ -1,5 +1,18 @@
 """Which datasets exist, how to read them, and ``prepare`` (build + tokenizer).
 
+The door from a run's data config to its data is ``spec_for(data_cfg)``
+(what to read) and ``prepare_for(data_cfg)`` (build it, its tokenizer and
+token stores, once). ``data.name`` is one of
+
+* a built-in of ``DATASETS`` (its row gives task, keys and tokenizer);
+* any TFDS dataset, as TFDS names it (``'name/config:version'``), from the
+  catalog or already prepared under ``data.data_dir``, with ``data.task``
+  ('lm', or 'translation' when ``data.direction`` is set), ``data.text_key``
+  (LM) or the two feature keys of ``data.direction`` ('src-tgt'), and
+  ``data.lm_mode``;
+* ``'files'``: your files (``data.train_files``/``data.eval_files``), see
+  ``files``.
+
 A dataset is named as TFDS names it (``'shakespeare'``, ``'ding_en_de'``,
 ``'wmt14_translate/de-en'``, ``'lm1b'``, ...). ``DATASETS`` records for each
 what the pipeline needs: the task, the splits, the text features and the
@@ -19,6 +32,7 @@ different settings never overwrite each other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -28,10 +42,10 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jax_transformer.data import builders, token_store
+from jax_transformer.data import builders, files, token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
-from jax_transformer.errors import UsageError
+from jax_transformer.errors import UsageError, first_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +66,8 @@ class DatasetSpec:
     tokenizer: default tokenizer kind, 'byte' or 'sentencepiece'.
     vocab_size: default SentencePiece vocabulary size.
     local: built by this package from files on this machine (no download).
+    files: for ``data.name='files'``: (train paths, eval paths, held-out
+      fraction), see ``files``.
   """
   name: str
   task: str
@@ -64,11 +80,18 @@ class DatasetSpec:
   tokenizer: str = 'byte'
   vocab_size: int = 8000
   local: bool = False
+  files: tuple | None = None
 
   @property
   def text_features(self) -> tuple[str, ...]:
     """The text features of an example (what a token store holds)."""
     return self.languages if self.task == 'translation' else (self.text_key,)
+
+  @property
+  def home(self) -> str:
+    """The folder under data_dir holding its tokenizers and token stores
+    (the name, a version after '@' rather than ':')."""
+    return self.name.replace(':', '@')
 
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
@@ -103,19 +126,124 @@ def default_data_dir() -> str:
       os.environ.get('TFDS_DATA_DIR', '~/tensorflow_datasets'))
 
 
-def load_source(name: str, split: str, data_dir: str | None = None):
-  """A random-access data source (len, [i]) over a prepared split."""
+LM_MODES = ('stream', 'examples')
+TASKS = ('lm', 'translation')
+
+
+def _fields(data_cfg: Any) -> dict[str, Any]:
+  """A data config (name, dict, ConfigDict or pipeline.DataConfig) as a
+  dict of its set fields."""
+  if isinstance(data_cfg, str):
+    return {'name': data_cfg}
+  if dataclasses.is_dataclass(data_cfg):
+    return dataclasses.asdict(data_cfg)
+  if hasattr(data_cfg, 'to_dict'):
+    return data_cfg.to_dict()
+  if isinstance(data_cfg, Mapping):
+    return dict(data_cfg)
+  raise TypeError(f'Cannot read a data config from {type(data_cfg).__name__}')
+
+
+def _choice(fields, name: str, choices: tuple[str, ...]):
+  value = fields.get(name)
+  if value is not None and value not in choices:
+    raise UsageError(f'config.data.{name} must be one of {choices}, got '
+                     f'{value!r}.')
+  return value
+
+
+def spec_for(data_cfg: Any) -> DatasetSpec:
+  """What a run's data config reads (see the module doc).
+
+  data_cfg: the run's ``config.data`` (or a dict, a DataConfig, or a
+  dataset name). A built-in keeps its row, where ``task``, ``text_key``
+  and ``lm_mode`` may still override it; ``'files'`` globs and
+  fingerprints the files (so a changed corpus gets another name).
+  """
+  d = _fields(data_cfg)
+  name = d.get('name')
+  if not isinstance(name, str) or not name:
+    raise UsageError(f'config.data.name must name a dataset, got {name!r}.')
+  task = _choice(d, 'task', TASKS)
+  lm_mode = _choice(d, 'lm_mode', LM_MODES)
+  text_key = d.get('text_key')
+  if text_key is not None and (not isinstance(text_key, str) or not text_key):
+    raise UsageError('config.data.text_key must be a feature name, got '
+                     f'{text_key!r}.')
+  overrides = {k: v for k, v in (('task', task), ('lm_mode', lm_mode),
+                                 ('text_key', text_key)) if v is not None}
+  base = DATASETS.get(name) or DATASETS.get(name.split(':')[0])
+  if base is not None:
+    return dataclasses.replace(base, name=name, **overrides)
+  task = task or ('translation' if d.get('direction') else 'lm')
+  languages = _languages(d.get('direction'), task)
+  if name == files.NAME:
+    return _files_spec(d, task, text_key or 'text', languages,
+                       lm_mode or 'stream')
+  if name.startswith('files/'):
+    raise UsageError(f'config.data.name={name!r}: your files are '
+                     "config.data.name='files' with config.data.train_files.")
+  return DatasetSpec(name, task, text_key=text_key or 'text',
+                     languages=languages, lm_mode=lm_mode or 'stream')
+
+
+def _languages(direction: Any, task: str) -> tuple[str, ...]:
+  """The two feature keys of a translation dataset outside DATASETS,
+  from direction 'src-tgt'."""
+  if task != 'translation':
+    return ()
+  parts = direction.split('-') if isinstance(direction, str) else []
+  if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+    raise UsageError('A translation dataset needs config.data.direction='
+                     "'SRC-TGT', its two feature keys (e.g. 'en-de'), got "
+                     f'{direction!r}.')
+  return tuple(parts)
+
+
+def _files_spec(d, task, text_key, languages, lm_mode) -> DatasetSpec:
+  keys = languages if task == 'translation' else (text_key,)
+  fraction = d.get('eval_fraction')
+  fraction = files.DEFAULT_EVAL_FRACTION if fraction is None else fraction
+  if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+      or not 0 < fraction < 1):
+    raise UsageError('config.data.eval_fraction must be a number between 0 '
+                     f'and 1 (the share held out), got {fraction!r}.')
+  if not d.get('train_files'):
+    raise UsageError("config.data.name='files' reads "
+                     'config.data.train_files: set it to a glob of your '
+                     'files (.txt, .jsonl, .parquet, .tsv).')
+  train = files.expand(d['train_files'], 'train_files')
+  evaluation = (files.expand(d['eval_files'], 'eval_files')
+                if d.get('eval_files') else [])
+  for path in train + evaluation:
+    files.file_kind(path)
+  fp = files.fingerprint(task, keys, train, evaluation, float(fraction))
+  return DatasetSpec(f'{files.BUILDER}/{fp}', task, text_key=text_key,
+                     languages=languages, lm_mode=lm_mode,
+                     files=(tuple(train), tuple(evaluation), float(fraction)))
+
+
+def load_source(name: str | DatasetSpec, split: str,
+                data_dir: str | None = None):
+  """A random-access data source (len, [i]) over a prepared split (a
+  slice such as 'train[:99%]' too) of a dataset name or spec."""
   data_dir = data_dir or default_data_dir()
+  tfds_name = (name.name if isinstance(name, DatasetSpec)
+               else DATASETS[name].name if name in DATASETS else name)
   try:
     return tfds.data_source(
-        get_spec(name).name, split=split, data_dir=data_dir, download=False,
+        tfds_name, split=split, data_dir=data_dir, download=False,
         builder_kwargs={'file_format': 'array_record'})
-  except (KeyError, FileNotFoundError, AssertionError) as e:
+  except (KeyError, FileNotFoundError, AssertionError, ValueError,
+          tfds.core.registered.DatasetNotFoundError) as e:
     # TFDS reports a missing dataset as an empty split dict.
+    how = (f'--dataset {tfds_name}' if tfds_name in DATASETS
+           else "--config <the run's config>")
     raise FileNotFoundError(
-        f'Split {split!r} of {name!r} is not prepared under {data_dir}. Run:\n'
-        f'  python scripts/prepare_data.py --dataset {name} '
-        f'--data_dir {data_dir}') from e
+        f'Split {split!r} of {tfds_name!r} is not prepared under {data_dir} '
+        f'({first_line(e)}). Run:\n'
+        f'  python scripts/prepare_data.py {how} --data_dir {data_dir}'
+    ) from e
 
 
 def build(name: str, data_dir: str | None = None,
@@ -125,13 +253,33 @@ def build(name: str, data_dir: str | None = None,
   builder_kwargs go to the builder (e.g. ``source_dir`` for shakespeare,
   ``source_path`` for ding_en_de). Standard datasets download their sources;
   lm1b and WMT are built by our subclasses of TFDS's builders, which write
-  the same files without TensorFlow (see ``downloads``).
+  the same files without TensorFlow (see ``downloads``). A dataset prepared
+  elsewhere is read back from its files, without its builder class.
   """
   kwargs = {'file_format': 'array_record', **(builder_kwargs or {})}
-  builder = builders.builder(name, data_dir=data_dir or default_data_dir(),
-                              **kwargs)
-  builder.download_and_prepare()  # a no-op when the files exist
+  try:
+    builder = builders.builder(name, data_dir=data_dir or default_data_dir(),
+                               **kwargs)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise UsageError(
+        f'config.data.name={name!r}: TFDS has no such dataset and '
+        f'{data_dir or default_data_dir()} holds none prepared under that '
+        'name (name/config:version).') from None
+  except ValueError as e:  # e.g. an unknown config or version
+    raise UsageError(f'config.data.name={name!r}: {first_line(e)}') from None
+  if not builder.is_prepared():
+    builder.download_and_prepare()
   return builder
+
+
+def _build_spec(spec: DatasetSpec, data_dir: str,
+                builder_kwargs: Mapping[str, Any] | None):
+  if spec.files is not None:
+    train, evaluation, fraction = spec.files
+    files.build(data_dir, fingerprint=spec.name.split('/')[1],
+                keys=spec.text_features, train=train, evaluation=evaluation,
+                eval_fraction=fraction)
+  return build(spec.name, data_dir, builder_kwargs)
 
 
 def tokenizer_id(kind: str, vocab_size: int, model_type: str) -> str:
@@ -159,12 +307,17 @@ def training_texts(spec: DatasetSpec, source,
 
 @dataclasses.dataclass(frozen=True)
 class PreparedData:
-  """What ``prepare`` returns: everything the trainer needs to read the data."""
+  """What ``prepare`` returns: everything the trainer needs to read the data.
+
+  stores: the token stores written by this call, per split, with how fast
+  they were written (``token_store.BuildStats``); empty when all existed.
+  """
   spec: DatasetSpec
   data_dir: str
   tokenizer: tok.Tokenizer
   tokenizer_dir: str
   num_examples: dict[str, int]
+  stores: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def vocab_size(self) -> int:
@@ -181,6 +334,7 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
   Repeated calls are cheap: TFDS skips a prepared dataset and a tokenizer
   directory that exists is loaded instead of trained. Run it on one process
   (e.g. ``scripts/prepare_data.py``) before a multi-host job starts.
+  ``prepare_for`` does the same from a run's data config.
 
   Args:
     dataset_name: a key of DATASETS.
@@ -191,34 +345,131 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
     builder_kwargs: passed to the TFDS builder (tests point the local
       builders at fixture files with these).
   """
-  spec = get_spec(dataset_name)
+  return _prepare(get_spec(dataset_name), data_dir, tokenizer=tokenizer,
+                  vocab_size=vocab_size, model_type=model_type,
+                  builder_kwargs=builder_kwargs)
+
+
+def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
+                refuse_other_tokenizer: bool = False,
+                workers: int | None = None) -> PreparedData:
+  """Prepares exactly what a run with this ``config.data`` reads: the
+  dataset (``spec_for``), its tokenizer and the token stores of its
+  ``train_split`` and ``eval_split`` (slices too), once; then refuses in
+  one sentence a split that is missing or empty, or (given seq_len) a
+  stream split with fewer tokens than one window.
+
+  refuse_other_tokenizer: refuse, rather than train, a tokenizer this
+    config asks for when the dataset was prepared with another one (the
+    trainer: training a tokenizer on a big corpus inside a job is hours
+    lost; ``scripts/prepare_data.py --config`` prepares the run's).
+  workers: processes tokenizing a big split (default: data.prepare_workers,
+    else every core).
+  """
+  d = _fields(data_cfg)
+  spec = spec_for(d)
+  splits = tuple(dict.fromkeys((d.get('train_split') or 'train',
+                                d.get('eval_split') or 'validation')))
+  prepared = _prepare(
+      spec, d.get('data_dir'), tokenizer=d.get('tokenizer'),
+      vocab_size=d.get('vocab_size'),
+      model_type=d.get('spm_model_type') or 'unigram',
+      builder_kwargs=d.get('builder_kwargs'), splits=splits,
+      train_split=splits[0], refuse_other_tokenizer=refuse_other_tokenizer,
+      workers=workers or d.get('prepare_workers'))
+  for split in splits:
+    _check_split(prepared, split, seq_len)
+  return prepared
+
+
+def _check_split(prepared: PreparedData, split: str,
+                 seq_len: int | None) -> None:
+  spec = prepared.spec
+  store = token_store.TokenStore(
+      token_store.store_dir(prepared.data_dir, spec.home, split,
+                            prepared.tokenizer), spec.text_features)
+  if not len(store):
+    raise UsageError(f'Split {split!r} of {spec.name} is empty: nothing to '
+                     'train or evaluate on.')
+  if seq_len and spec.task == 'lm' and spec.lm_mode == 'stream':
+    offsets = store.offsets(spec.text_key)
+    tokens = int(offsets[-1]) + len(offsets) - 2  # with one EOS between
+    if tokens < seq_len + 1:
+      raise UsageError(
+          f'Split {split!r} of {spec.name} holds {tokens} tokens: too few '
+          f'for one window of seq_len + 1 = {seq_len + 1}; give it more text '
+          '(e.g. config.data.eval_files) or lower config.seq_len.')
+
+
+def _check_features(spec: DatasetSpec, builder) -> None:
+  try:
+    have = list(builder.info.features.keys())
+  except (AttributeError, TypeError):  # not a dict of features
+    return
+  for key in spec.text_features:
+    if key not in have:
+      field = ('config.data.text_key' if spec.task == 'lm'
+               else 'config.data.direction')
+      raise UsageError(f'{spec.name} has no feature {key!r} (it has '
+                       f'{", ".join(map(repr, have))}); set {field} to its '
+                       'text feature.')
+
+
+def _prepare(spec: DatasetSpec, data_dir: str | None, *,
+             tokenizer: str | None, vocab_size: int | None, model_type: str,
+             builder_kwargs: Mapping[str, Any] | None,
+             splits: tuple[str, ...] | None = None,
+             train_split: str | None = None,
+             refuse_other_tokenizer: bool = False,
+             workers: int | None = None) -> PreparedData:
   # Checked whatever the tokenizer, before the dataset is built: a typo
   # should not wait for a download.
   tok.check_model_type(model_type)
   data_dir = data_dir or default_data_dir()
-  builder = build(spec.name, data_dir, builder_kwargs)
+  builder = _build_spec(spec, data_dir, builder_kwargs)
+  _check_features(spec, builder)
   kind = tokenizer or spec.tokenizer
+  if kind not in (tok.ByteTokenizer.kind, tok.SentencePieceTokenizer.kind):
+    raise UsageError(f"config.data.tokenizer must be 'byte' or "
+                     f"'sentencepiece', got {kind!r}.")
   vocab_size = vocab_size or spec.vocab_size
-  tok_dir = os.path.join(data_dir, spec.name,
-                         'tokenizer_' + tokenizer_id(kind, vocab_size,
-                                                     model_type))
+  home = os.path.join(data_dir, spec.home)
+  tok_name = 'tokenizer_' + tokenizer_id(kind, vocab_size, model_type)
+  tok_dir = os.path.join(home, tok_name)
+  train_split = train_split or spec.train_split
   if os.path.exists(os.path.join(tok_dir, 'tokenizer.json')):
     tokenizer_obj = tok.load_tokenizer(tok_dir)
+    if tokenizer_obj.kind != kind:
+      raise UsageError(f'{tok_dir} holds a {tokenizer_obj.kind} tokenizer, '
+                       f'not the {kind} one its name says; delete it.')
   else:
+    others = sorted(n for n in (os.listdir(home) if os.path.isdir(home)
+                                else ()) if n.startswith('tokenizer_'))
+    if refuse_other_tokenizer and others and not spec.local:
+      raise UsageError(
+          f'{home} was prepared with {", ".join(others)}, not the {tok_name} '
+          'this run\'s config asks for; prepare it for this run with '
+          'python scripts/prepare_data.py --config <the same config and '
+          'overrides>.')
     texts = None
     if kind == tok.SentencePieceTokenizer.kind:
-      texts = training_texts(spec, load_source(spec.name, spec.train_split,
-                                               data_dir))
+      texts = training_texts(spec, load_source(spec, train_split, data_dir))
     tokenizer_obj = tok.make_tokenizer(kind, texts, vocab_size=vocab_size,
                                        model_type=model_type)
     _save_atomically(tokenizer_obj, tok_dir)
   num_examples = {split: info.num_examples
                   for split, info in builder.info.splits.items()}
-  for split in num_examples:  # token ids, written once for this tokenizer
-    token_store.open_or_build(
-        data_dir, spec.name, split, tokenizer_obj, spec.text_features,
-        lambda split=split: load_source(spec.name, split, data_dir))
-  return PreparedData(spec, data_dir, tokenizer_obj, tok_dir, num_examples)
+  stores = {}
+  for split in (splits or tuple(num_examples)):
+    # Token ids, written once for this tokenizer.
+    store = token_store.open_or_build(
+        data_dir, spec.home, split, tokenizer_obj, spec.text_features,
+        functools.partial(load_source, spec, split, data_dir),
+        workers=workers)
+    if store.built is not None:
+      stores[split] = store.built
+  return PreparedData(spec, data_dir, tokenizer_obj, tok_dir, num_examples,
+                      stores)
 
 
 def _save_atomically(tokenizer: tok.Tokenizer, directory: str) -> None:

@@ -14,16 +14,26 @@ changed tokenizer finds no store and builds its own. A store is written
 into a temporary folder and renamed into place whole; its manifest
 (``manifest.json``) records every file's size, and a store whose files do
 not match it (torn by a full disk or a partial copy) is rebuilt, never read.
+
+Writing streams: examples are read and tokenized a batch at a time and
+their ids appended to the files, so memory stays bounded whatever the
+split's size; a split of more than ``PARALLEL_MIN`` examples is tokenized
+by worker processes (each opens the split itself), in order. ``BuildStats``
+says how fast.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
+import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +44,26 @@ MANIFEST = 'manifest.json'
 FORMAT = 1
 # Texts tokenized per call: bounds memory while a store is written.
 BATCH = 4096
+# Splits with more examples are tokenized by worker processes.
+PARALLEL_MIN = 8 * BATCH
+# An .npy header of a fixed size, so that a file can be written before its
+# length is known (numpy pads headers with spaces to a multiple of 64).
+_HEADER = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildStats:
+  """How a store was written: examples, tokens (all features), seconds,
+  worker processes (1: this one) and text bytes read."""
+  examples: int
+  tokens: int
+  seconds: float
+  processes: int
+  text_bytes: int
+
+  @property
+  def tokens_per_second_per_core(self) -> float:
+    return self.tokens / max(self.seconds, 1e-9) / self.processes
 
 
 def fingerprint(tokenizer: Tokenizer) -> str:
@@ -68,6 +98,7 @@ class TokenStore:
     self._offsets = {f: np.load(self._path(f, 'offsets'))
                      for f in features}
     self._count = len(next(iter(self._offsets.values()))) - 1
+    self.built: BuildStats | None = None  # set where open_or_build wrote it
 
   def __reduce__(self):
     # To a worker process by name: it maps the files itself, instead of
@@ -110,22 +141,28 @@ def is_whole(directory: str) -> bool:
 
 def open_or_build(data_dir: str, dataset: str, split: str,
                   tokenizer: Tokenizer, features: Sequence[str],
-                  source: Callable[[], Any]) -> TokenStore:
+                  source: Callable[[], Any], workers: int | None = None
+                  ) -> TokenStore:
   """The split's store for tokenizer, written first if it is missing or
-  torn (source() gives the split's text examples, read only then)."""
+  torn (source() gives the split's text examples, read only then; a
+  picklable source lets worker processes open it themselves; workers:
+  how many, default every core)."""
   directory = store_dir(data_dir, dataset, split, tokenizer)
+  stats = None
   if not is_whole(directory):
-    _build(directory, source(), tokenizer, features)
-  return TokenStore(directory, features)
+    stats = _build(directory, source, tokenizer, features, workers)
+  store = TokenStore(directory, features)
+  store.built = stats
+  return store
 
 
-def _build(directory: str, source, tokenizer: Tokenizer,
-           features: Sequence[str]) -> None:
+def _build(directory: str, opener: Callable[[], Any], tokenizer: Tokenizer,
+           features: Sequence[str], workers: int | None) -> BuildStats:
   parent = os.path.dirname(directory)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix='.tmp_store_')
   try:
-    _write_files(tmp, _tokenize(source, tokenizer, features), len(source))
+    stats = _write_streaming(tmp, opener, tokenizer, features, workers)
     os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide it from other users
     if os.path.exists(directory):  # torn: replaced whole
       shutil.rmtree(directory)
@@ -136,6 +173,7 @@ def _build(directory: str, source, tokenizer: Tokenizer,
         raise
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
+  return stats
 
 
 def write(directory: str,
@@ -171,23 +209,120 @@ def _read(source, indices: range) -> list:
     return [source[i] for i in indices]
 
 
-def _tokenize(source, tokenizer: Tokenizer, features: Sequence[str]
-              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """Per feature, (ids end to end [N_tok] int32, offsets [N + 1] int64)."""
-  pieces = {f: [] for f in features}
-  lengths = {f: [] for f in features}
-  for start in range(0, len(source), BATCH):
-    examples = _read(source, range(start, min(start + BATCH, len(source))))
-    for feature in features:
-      ids = [tokenizer.encode(as_text(ex[feature])) for ex in examples]
-      lengths[feature].extend(len(x) for x in ids)
-      pieces[feature].append(np.fromiter(
-          (t for x in ids for t in x), np.int32))
-  out = {}
+def _tokenize_range(source, tokenizer: Tokenizer, features: Sequence[str],
+                    start: int, stop: int
+                    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], int]:
+  """({feature: (ids [n_tok] int32, lengths [n] int64)}, text bytes) of
+  examples start..stop."""
+  examples = _read(source, range(start, stop))
+  out, text_bytes = {}, 0
   for feature in features:
-    offsets = np.zeros(len(lengths[feature]) + 1, np.int64)
-    np.cumsum(lengths[feature], out=offsets[1:])
-    tokens = (np.concatenate(pieces[feature]) if pieces[feature]
-              else np.zeros(0, np.int32))
-    out[feature] = (tokens, offsets)
-  return out
+    texts = [as_text(ex[feature]) for ex in examples]
+    text_bytes += sum(len(t.encode('utf-8')) for t in texts)
+    ids = [tokenizer.encode(t) for t in texts]
+    lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+    flat = np.fromiter((t for x in ids for t in x), np.int32,
+                       int(lengths.sum()))
+    out[feature] = (flat, lengths)
+  return out, text_bytes
+
+
+# In a worker process: the split and tokenizer it was started with.
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(opener, tokenizer, features) -> None:
+  _WORKER.update(source=opener(), tokenizer=tokenizer, features=features)
+
+
+def _worker_range(bounds: tuple[int, int]):
+  return _tokenize_range(_WORKER['source'], _WORKER['tokenizer'],
+                         _WORKER['features'], *bounds)
+
+
+def _picklable(*values) -> bool:
+  try:
+    pickle.dumps(values)
+  except Exception:  # lambdas, open files: tokenized here instead
+    return False
+  return True
+
+
+def _chunks(source, opener, tokenizer, features, workers: int
+            ) -> Iterator[tuple[dict, int]]:
+  """The split's tokenized batches in order, from worker processes
+  (spawned: the caller may hold JAX's threads, which fork would copy
+  mid-lock) or from this one."""
+  n = len(source)
+  bounds = [(i, min(i + BATCH, n)) for i in range(0, n, BATCH)]
+  if workers <= 1:
+    for start, stop in bounds:
+      yield _tokenize_range(source, tokenizer, features, start, stop)
+    return
+  context = multiprocessing.get_context('spawn')
+  with context.Pool(workers, _worker_init,
+                    (opener, tokenizer, tuple(features))) as pool:
+    # imap keeps order and at most a few batches per worker in flight.
+    yield from pool.imap(_worker_range, bounds, chunksize=1)
+
+
+def _write_streaming(directory: str, opener: Callable[[], Any],
+                     tokenizer: Tokenizer, features: Sequence[str],
+                     workers: int | None) -> BuildStats:
+  """The store's files, written as the batches come, then its manifest."""
+  start_time = time.perf_counter()
+  source = opener()
+  n = len(source)
+  workers = workers or os.cpu_count() or 1
+  if n < PARALLEL_MIN or not _picklable(opener, tokenizer):
+    workers = 1
+  workers = max(1, min(workers, -(-n // BATCH)))
+  files = {}
+  for feature in features:
+    for kind in ('tokens', 'offsets'):
+      f = open(os.path.join(directory, f'{feature}.{kind}.npy'), 'wb')
+      f.write(b'\0' * _HEADER)
+      files[feature, kind] = f
+  for feature in features:
+    files[feature, 'offsets'].write(np.zeros(1, np.int64).tobytes())
+  totals = dict.fromkeys(features, 0)
+  text_bytes = 0
+  try:
+    for chunk, chunk_bytes in _chunks(source, opener, tokenizer, features,
+                                      workers):
+      text_bytes += chunk_bytes
+      for feature, (ids, lengths) in chunk.items():
+        files[feature, 'tokens'].write(ids.tobytes())
+        ends = totals[feature] + np.cumsum(lengths)
+        files[feature, 'offsets'].write(ends.tobytes())
+        totals[feature] += int(lengths.sum())
+    sizes = {}
+    for (feature, kind), f in files.items():
+      dtype, length = ((np.int32, totals[feature]) if kind == 'tokens'
+                       else (np.int64, n + 1))
+      f.seek(0)
+      f.write(_npy_header(dtype, length))
+      f.close()
+      name = f'{feature}.{kind}.npy'
+      sizes[name] = os.path.getsize(os.path.join(directory, name))
+  finally:
+    for f in files.values():
+      f.close()
+  with open(os.path.join(directory, MANIFEST), 'w') as f:
+    json.dump({'format': FORMAT, 'examples': n, 'features': list(features),
+               'sizes': sizes}, f)
+  return BuildStats(n, sum(totals.values()),
+                    time.perf_counter() - start_time, workers, text_bytes)
+
+
+def _npy_header(dtype, length: int) -> bytes:
+  """An .npy (version 1.0) header of exactly _HEADER bytes for a 1-D
+  array."""
+  text = repr({'descr': np.lib.format.dtype_to_descr(np.dtype(dtype)),
+               'fortran_order': False, 'shape': (length,)})
+  body_size = _HEADER - 10
+  text = text.ljust(body_size - 1) + '\n'
+  header = (b'\x93NUMPY\x01\x00' + body_size.to_bytes(2, 'little')
+            + text.encode('latin1'))
+  assert len(header) == _HEADER, len(header)
+  return header

@@ -18,6 +18,7 @@ import json
 import jax
 import ml_collections
 
+from jax_transformer import data
 from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
@@ -74,6 +75,9 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
     raise UsageError('config.profile.num_steps is set: set '
                      'config.profile.start_step to the first step to trace '
                      '(steps count from 1).')
+  # The dataset named with its fields (a 'files' glob that matches
+  # nothing, a task or lm_mode misspelt), before anything is prepared.
+  data.spec_for(cfg.data)
   skips = cfg.optim.get('max_skipped_updates', 0)
   if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
     raise UsageError('config.optim.max_skipped_updates must be a '
@@ -127,7 +131,8 @@ RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
                         'attention_dropout_rate', 'dropout_rng', 'scan_layers',
                         'remat')
 # worker_count is judged by the saved stream itself (pipeline.Batches).
-RUNTIME_DATA_FIELDS = ('data_dir', 'worker_count', 'worker_buffer_size')
+RUNTIME_DATA_FIELDS = ('data_dir', 'worker_count', 'worker_buffer_size',
+                       'prepare_workers')
 
 
 def check_resumable(cfg: ml_collections.ConfigDict,

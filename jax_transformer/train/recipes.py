@@ -70,6 +70,18 @@ def base_config() -> ConfigDict:
       vocab_size=optional(int), spm_model_type='unigram',
       train_split='train', eval_split='validation',
       builder_kwargs=optional(dict),
+      # A dataset outside data.DATASETS (docs/data.md, "Your own data"):
+      # any TFDS name ('name/config:version') or 'files'; its task ('lm',
+      # or 'translation' where direction is set), the LM's text feature
+      # ('text'), 'stream' or 'examples' (datasets.DatasetSpec.lm_mode).
+      task=optional(str), text_key=optional(str), lm_mode=optional(str),
+      # name='files': globs (local or gs://) of .txt/.jsonl/.parquet/.tsv
+      # (.gz/.zst); without eval_files the last eval_fraction of the
+      # training documents is held out.
+      train_files=optional(str), eval_files=optional(str),
+      eval_fraction=optional(float),
+      # Processes tokenizing a big split when it is prepared (unset: all).
+      prepare_workers=optional(int),
       # Processes building training batches (0: this process, with
       # threads), and batches each keeps ready. The count is part of the
       # stream: resume with the count a checkpoint was saved with.

@@ -248,11 +248,8 @@ class InFlight:
 def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   """Builds the dataset once (process 0 first, the others then load it)."""
   def prepare():
-    return data.prepare(cfg.data.name, cfg.data.get('data_dir'),
-                        tokenizer=cfg.data.get('tokenizer'),
-                        vocab_size=cfg.data.get('vocab_size'),
-                        model_type=cfg.data.get('spm_model_type', 'unigram'),
-                        builder_kwargs=cfg.data.get('builder_kwargs'))
+    return data.prepare_for(cfg.data, seq_len=cfg.seq_len,
+                            refuse_other_tokenizer=True)
   if jax.process_count() == 1:
     return prepare()
   if jax.process_index() == 0:

@@ -1,0 +1,396 @@
+"""Your own files as a dataset: ``data.name='files'``.
+
+``data.train_files`` (and optionally ``data.eval_files``) are globs, local or
+``gs://``, of
+
+* plain text (``.txt``): one document per file;
+* JSON lines (``.jsonl``, ``.json``, ``.ndjson``): one record per line, the
+  text under ``data.text_key`` (translation: under the two languages of
+  ``data.direction``);
+* Parquet (``.parquet``): one record per row, the same keys as columns;
+* TSV (``.tsv``, translation only): ``source<TAB>target`` per line, in the
+  order of ``data.direction``;
+
+each optionally compressed (``.gz``, ``.zst``). They are written once into
+the form the built-in datasets take, a TFDS ArrayRecord dataset::
+
+  <data_dir>/your_files/<fingerprint>/1.0.0/...
+
+where the fingerprint hashes the task, the keys, every file's path, size and
+modification time and the held-out fraction, so a changed corpus is
+prepared again and never read stale. The dataset is then read like any
+TFDS dataset by name (``your_files/<fingerprint>``), and tokenized into a
+token store as the built-ins are. Without ``eval_files``, the last
+``data.eval_fraction`` of the training documents (at least one) is the
+``validation`` split.
+
+Reading streams: one record at a time, from one file at a time, so the
+memory used does not grow with the corpus (TFDS's writer buffers at most
+1 GB before it spills to disk). A bad input is refused in one sentence
+naming the file and line (``UsageError``), and TFDS writes into a
+temporary folder renamed into place at the end, so a failed preparation
+leaves nothing that reads as prepared.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import tensorflow_datasets as tfds
+from etils import epath
+
+from jax_transformer.errors import UsageError
+
+NAME = 'files'
+BUILDER = 'your_files'
+VERSION = '1.0.0'
+DEFAULT_EVAL_FRACTION = 0.01
+TEXT_SUFFIXES = ('.txt', '.text', '.md')
+JSON_SUFFIXES = ('.jsonl', '.json', '.ndjson')
+COMPRESSIONS = ('.gz', '.zst', '.zstd')
+_GLOB_CHARS = '*?['
+
+
+def expand(patterns: str, field: str) -> list[str]:
+  """The files a comma-separated list of globs (or folders) names, sorted;
+  refused in one sentence when a pattern matches nothing."""
+  out: list[str] = []
+  for pattern in [p.strip() for p in str(patterns).split(',') if p.strip()]:
+    matches = _glob(pattern)
+    if not matches:
+      raise UsageError(f'config.data.{field}={pattern!r} matches no file.')
+    out.extend(m for m in matches if m not in out)
+  if not out:
+    raise UsageError(f'config.data.{field} is empty: give a glob of files.')
+  return out
+
+
+def _glob(pattern: str) -> list[str]:
+  if '://' not in pattern:
+    pattern = os.path.abspath(os.path.expanduser(pattern))
+    if os.path.isdir(pattern):
+      return sorted(os.path.join(pattern, f) for f in os.listdir(pattern)
+                    if _kind_or_none(f) and not f.startswith('.'))
+    return sorted(p for p in globlib.glob(pattern, recursive=True)
+                  if os.path.isfile(p))
+  scheme, rest = pattern.split('://', 1)
+  parts = rest.split('/')
+  first = next((i for i, part in enumerate(parts)
+                if any(c in part for c in _GLOB_CHARS)), None)
+  if first is None:
+    path = epath.Path(pattern)
+    if path.is_dir():
+      return sorted(os.fspath(p) for p in path.iterdir()
+                    if _kind_or_none(p.name) and not p.name.startswith('.'))
+    return [pattern] if path.exists() else []
+  root = epath.Path(f'{scheme}://' + '/'.join(parts[:first]))
+  if not root.exists():
+    return []
+  return sorted(os.fspath(p) for p in root.glob('/'.join(parts[first:]))
+                if not p.is_dir())
+
+
+def _split_suffix(name: str) -> tuple[str, str]:
+  """(format suffix, compression suffix) of a file name."""
+  lower = name.lower()
+  compression = next((c for c in COMPRESSIONS if lower.endswith(c)), '')
+  base = lower[:len(lower) - len(compression)]
+  return os.path.splitext(base)[1], compression
+
+
+def _kind_or_none(name: str) -> str | None:
+  suffix, _ = _split_suffix(name)
+  if suffix in TEXT_SUFFIXES:
+    return 'text'
+  if suffix in JSON_SUFFIXES:
+    return 'jsonl'
+  if suffix == '.parquet':
+    return 'parquet'
+  if suffix == '.tsv':
+    return 'tsv'
+  return None
+
+
+def file_kind(path: str) -> str:
+  kind = _kind_or_none(os.path.basename(path))
+  if kind is None:
+    raise UsageError(
+        f'{path}: not a file kind config.data.name=files reads (.txt, .jsonl,'
+        ' .json, .ndjson, .parquet or .tsv, optionally .gz or .zst).')
+  return kind
+
+
+def fingerprint(task: str, keys: Sequence[str], train: Sequence[str],
+                evaluation: Sequence[str], eval_fraction: float) -> str:
+  """16 hex digits naming a corpus: its files (path, size, mtime), task,
+  keys and held-out fraction."""
+  digest = hashlib.sha256()
+  digest.update(json.dumps([task, list(keys), eval_fraction if not evaluation
+                            else None]).encode())
+  for part, paths in (('train', train), ('eval', evaluation)):
+    digest.update(part.encode())
+    for path in paths:
+      stat = epath.Path(path).stat()
+      digest.update(json.dumps([path, stat.length, stat.mtime]).encode())
+  return digest.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------
+# Reading records.
+
+
+def _open_binary(path: str):
+  """A binary stream of path's decompressed bytes."""
+  _, compression = _split_suffix(os.path.basename(path))
+  try:
+    raw = epath.Path(path).open('rb')
+  except OSError as e:
+    raise UsageError(f'{path}: cannot be read ({e.__class__.__name__}: '
+                     f'{e}).') from None
+  if compression == '.gz':
+    return gzip.GzipFile(fileobj=raw, mode='rb')
+  if compression in ('.zst', '.zstd'):
+    try:
+      import zstandard  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise UsageError(f'{path}: reading .zst needs the zstandard package '
+                       '(pip install zstandard).') from None
+    # Buffered: zstandard's reader has no readline of its own.
+    return io.BufferedReader(
+        zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+  return raw
+
+
+def _read_errors():
+  errors: tuple[type[BaseException], ...] = (OSError, EOFError,
+                                              UnicodeDecodeError, zlib.error)
+  try:
+    import zstandard  # pylint: disable=g-import-not-at-top
+    errors += (zstandard.ZstdError,)
+  except ImportError:
+    pass
+  return errors
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+  """(line number from 1, line without its newline), streamed."""
+  number = 0
+  try:
+    with _open_binary(path) as raw:
+      for number, line in enumerate(raw, 1):
+        yield number, line.rstrip(b'\r\n').decode('utf-8')
+  except _read_errors() as e:
+    # A line that is not UTF-8 is the one being decoded; a corrupt or
+    # truncated stream fails while reading the next one.
+    if isinstance(e, UnicodeDecodeError):
+      where = f'{path}, line {number}'
+    else:
+      where = f'{path}, line {number + 1}' if number else path
+    raise UsageError(f'{where}: cannot be read ({_reason(e)}).') from None
+
+
+def _reason(e: BaseException) -> str:
+  if isinstance(e, UnicodeDecodeError):
+    return 'not UTF-8 text'
+  text = str(e).split('\n')[0]
+  return f'{e.__class__.__name__}: {text}' if text else e.__class__.__name__
+
+
+def records(path: str, keys: Sequence[str]
+            ) -> Iterator[tuple[str, dict[str, str]]]:
+  """(where, {key: text}) for every record of path, in order; where names
+  the file and line (or row). Refuses in one sentence a record that is not
+  JSON, lacks a key or holds a text that is not a string."""
+  kind = file_kind(path)
+  if kind == 'text':
+    if len(keys) != 1:
+      raise UsageError(f'{path}: a text file holds one document; translation '
+                       'reads .jsonl, .parquet or .tsv pairs.')
+    try:
+      with _open_binary(path) as f:
+        text = f.read().decode('utf-8')
+    except _read_errors() as e:
+      raise UsageError(f'{path}: cannot be read ({_reason(e)}).') from None
+    yield path, {keys[0]: text}
+  elif kind == 'jsonl':
+    for number, line in _lines(path):
+      if not line.strip():
+        continue
+      where = f'{path}, line {number}'
+      try:
+        record = json.loads(line)
+      except ValueError:
+        raise UsageError(f'{where}: not a JSON object.') from None
+      yield where, _texts(record, keys, where)
+  elif kind == 'tsv':
+    if len(keys) != 2:
+      raise UsageError(f'{path}: TSV holds translation pairs; for a language '
+                       'model use .txt or .jsonl.')
+    for number, line in _lines(path):
+      if not line.strip():
+        continue
+      columns = line.split('\t')
+      if len(columns) != 2:
+        raise UsageError(f'{path}, line {number}: {len(columns)} tab-'
+                         'separated columns; a pair needs exactly 2.')
+      yield f'{path}, line {number}', dict(zip(keys, columns))
+  else:
+    yield from _parquet_records(path, keys)
+
+
+def _texts(record: Any, keys: Sequence[str], where: str) -> dict[str, str]:
+  if not isinstance(record, dict):
+    raise UsageError(f'{where}: not a JSON object.')
+  out = {}
+  for key in keys:
+    if key not in record:
+      raise UsageError(f'{where}: the record has no key {key!r} (it has '
+                       f'{", ".join(map(repr, list(record)[:8]))}); set '
+                       'config.data.text_key (or direction) to its text key.')
+    value = record[key]
+    if not isinstance(value, str):
+      raise UsageError(f'{where}: {key!r} holds a {type(value).__name__}, '
+                       'not a string.')
+    out[key] = value
+  return out
+
+
+def _parquet_records(path: str, keys: Sequence[str]
+                     ) -> Iterator[tuple[str, dict[str, str]]]:
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  try:
+    with epath.Path(path).open('rb') as f:
+      table = pq.ParquetFile(f)
+      missing = [k for k in keys if k not in table.schema_arrow.names]
+      if missing:
+        raise UsageError(f'{path}: no column {missing[0]!r} (it has '
+                         f'{", ".join(table.schema_arrow.names[:8])}); set '
+                         'config.data.text_key (or direction) to it.')
+      row = 0
+      for batch in table.iter_batches(batch_size=4096, columns=list(keys)):
+        columns = [batch.column(k).to_pylist() for k in keys]
+        for values in zip(*columns):
+          row += 1
+          where = f'{path}, row {row}'
+          yield where, _texts(dict(zip(keys, values)), keys, where)
+  except UsageError:
+    raise
+  except Exception as e:  # pyarrow's errors have no common base
+    raise UsageError(f'{path}: cannot be read as Parquet '
+                     f'({_reason(e)}).') from None
+
+
+def documents(paths: Sequence[str], keys: Sequence[str]
+              ) -> Iterator[dict[str, str]]:
+  """Every non-empty record of paths, in order."""
+  for path in paths:
+    for _, record in records(path, keys):
+      if any(record[k] for k in keys):
+        yield record
+
+
+# ----------------------------------------------------------------------------
+# The TFDS builder.
+
+with tfds.core.registered.skip_registration():
+  # Not registered by name: a prepared corpus is read back from its files
+  # (tfds.builder falls back to them), which needs neither this class nor
+  # the files it was made from.
+
+  class YourFiles(tfds.core.GeneratorBasedBuilder):
+    """Files as a TFDS dataset, one config per corpus fingerprint."""
+
+    VERSION = tfds.core.Version(VERSION)
+    RELEASE_NOTES = {str(VERSION): 'Files given by globs.'}
+
+    def __init__(self, *, fingerprint: str, keys: Sequence[str],
+                 train: Sequence[str], evaluation: Sequence[str],
+                 eval_fraction: float, **kwargs):
+      kwargs.setdefault('file_format', 'array_record')
+      kwargs['config'] = tfds.core.BuilderConfig(
+          name=fingerprint, version=VERSION, release_notes={},
+          description=f'{len(train)} training files')
+      self._keys, self._train = tuple(keys), tuple(train)
+      self._evaluation = tuple(evaluation)
+      self._eval_fraction = eval_fraction
+      super().__init__(**kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+      return tfds.core.DatasetInfo(
+          builder=self, description='Your files (jax_transformer.data.files).',
+          features=tfds.features.FeaturesDict(
+              {k: tfds.features.Text() for k in self._keys}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      if self._evaluation:
+        return {'train': self._generate_examples(self._train, 0, None,
+                                        'train_files'),
+                'validation': self._generate_examples(self._evaluation, 0, None,
+                                             'eval_files')}
+      count = sum(1 for _ in documents(self._train, self._keys))
+      if not count:
+        raise UsageError('config.data.train_files holds no document with '
+                         'text: the corpus is empty.')
+      if count < 2:
+        raise UsageError(
+            f'config.data.train_files holds {count} document'
+            f'{"" if count == 1 else "s"}: too few to hold some out for '
+            'evaluation; give config.data.eval_files.')
+      held = min(count - 1, max(1, round(count * self._eval_fraction)))
+      print(f'Evaluating on the last {held} of {count} documents of '
+            'config.data.train_files (no config.data.eval_files given).',
+            flush=True)
+      return {'train': self._generate_examples(self._train, 0, count - held,
+                                      'train_files'),
+              'validation': self._generate_examples(self._train, count - held, None,
+                                           'train_files')}
+
+    def _generate_examples(self, paths, start: int, stop: int | None,
+                           field: str):
+      yielded = 0
+      for i, record in enumerate(documents(paths, self._keys)):
+        if stop is not None and i >= stop:
+          break
+        if i >= start:
+          yielded += 1
+          yield i, record
+      if not yielded:  # TFDS would refuse it later, less clearly
+        raise UsageError(f'config.data.{field} holds no document with text: '
+                         'the corpus is empty.')
+
+
+def builder_dir(data_dir: str, fp: str) -> str:
+  return os.path.join(data_dir, BUILDER, fp, VERSION)
+
+
+def build(data_dir: str, *, fingerprint: str, keys: Sequence[str],
+          train: Sequence[str], evaluation: Sequence[str],
+          eval_fraction: float) -> None:
+  """Writes the corpus as a TFDS dataset under data_dir (once)."""
+  if os.path.exists(os.path.join(builder_dir(data_dir, fingerprint),
+                                 'dataset_info.json')):
+    return
+  builder = YourFiles(fingerprint=fingerprint, keys=keys, train=train,
+                      evaluation=evaluation, eval_fraction=eval_fraction,
+                      data_dir=data_dir)
+  try:
+    builder.download_and_prepare()
+  except UsageError:
+    raise
+  except Exception as e:
+    # TFDS may wrap what a generator raised; the reason is the first one.
+    cause = e
+    while cause.__cause__ is not None or cause.__context__ is not None:
+      cause = cause.__cause__ or cause.__context__
+      if isinstance(cause, UsageError):
+        raise cause from None
+    raise
