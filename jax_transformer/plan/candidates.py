@@ -77,7 +77,8 @@ def shipped(cfg: ml_collections.ConfigDict, chips: int,
   """The config's own layout at global_batch rows an update: its mesh
   (-1 resolved to the chips left), remat, dtype, loss chunk, and its
   accumulation where that divides the batch."""
-  sizes = dict(cfg.mesh)
+  # The three axes only: mesh.dcn_* say how they cross slices, not sizes.
+  sizes = {axis: cfg.mesh[axis] for axis in ('data', 'fsdp', 'tensor')}
   known = 1
   for v in sizes.values():
     known *= v if v > 0 else 1
