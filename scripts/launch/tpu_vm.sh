@@ -5,8 +5,11 @@
 #          RUNTIME=v2-alpha-tpuv5 BUCKET=gs://my-bucket
 #   bash scripts/launch/tpu_vm.sh create            # queue the slice
 #   bash scripts/launch/tpu_vm.sh install           # on every worker
+#   bash scripts/launch/tpu_vm.sh mount             # $BUCKET at /mnt/data
+#   bash scripts/launch/tpu_vm.sh prepare --config lm_1_3b \
+#        --config.data.data_dir=/mnt/data/tfds      # once, on worker 0
 #   bash scripts/launch/tpu_vm.sh train --config lm_1_3b \
-#        --workdir "$BUCKET/runs/lm_1_3b" --config.data.data_dir="$BUCKET/data"
+#        --workdir "$BUCKET/runs/lm_1_3b" --config.data.data_dir=/mnt/data/tfds
 #   bash scripts/launch/tpu_vm.sh status            # the slice; the log's tail
 #   bash scripts/launch/tpu_vm.sh stop              # SIGTERM: save, exit 75
 #   bash scripts/launch/tpu_vm.sh delete
@@ -27,7 +30,13 @@ on_all_workers() {
     --command "$1"
 }
 
-command="${1:?usage: tpu_vm.sh create|install|train|status|stop|delete}"
+on_worker_0() {
+  gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=0 \
+    --command "$1"
+}
+
+usage='create|install|mount|prepare|train|status|stop|delete'
+command="${1:?usage: tpu_vm.sh $usage}"
 shift
 case "$command" in
   create)
@@ -44,6 +53,22 @@ case "$command" in
       cd jax_transformer && git pull -q
       [ -d .venv ] || $PYTHON -m venv .venv
       .venv/bin/pip install -q -e '.[tpu]'" ;;
+  mount)
+    # The data dir must be a file system on every worker (the ArrayRecord
+    # reader and the token store's memory map): the bucket through gcsfuse.
+    : "${BUCKET:?set BUCKET, e.g. gs://my-bucket}"
+    on_all_workers "set -e
+      if ! command -v gcsfuse >/dev/null; then
+        echo 'deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-'\$(lsb_release -cs)' main' | sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null
+        curl -s https://packages.cloud.google.com/apt/doc/apt-key.gpg | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null
+        sudo apt-get update -qq && sudo apt-get install -y -qq gcsfuse
+      fi
+      sudo mkdir -p /mnt/data && sudo chown \$USER /mnt/data
+      mountpoint -q /mnt/data || gcsfuse --implicit-dirs ${BUCKET#gs://} /mnt/data" ;;
+  prepare)
+    args=$(printf ' %q' "$@")
+    on_worker_0 "cd jax_transformer && source .venv/bin/activate &&
+      python scripts/prepare_data.py$args" ;;
   train)
     args=$(printf ' %q' "$@")
     on_all_workers "cd jax_transformer && source .venv/bin/activate &&
@@ -59,7 +84,6 @@ case "$command" in
     gcloud compute tpus queued-resources delete "$TPU_NAME" --zone "$ZONE" \
       --force --quiet ;;
   *)
-    echo "tpu_vm.sh: unknown command '$command'; use create, install," \
-      "train, status, stop or delete." >&2
+    echo "tpu_vm.sh: unknown command '$command'; use one of $usage." >&2
     exit 2 ;;
 esac

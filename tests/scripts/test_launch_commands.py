@@ -46,6 +46,14 @@ def test_each_step_is_one_gcloud_command_on_the_slice(tmp_path):
                              'us-east5-a --worker=all --command')
   assert "pip install -q -e '.[tpu]'" in calls[0]
   assert 'python3.11 -m venv' in calls[0]
+  _, calls = run(tmp_path, 'mount', BUCKET='gs://my-bucket')
+  assert '--worker=all' in calls[0]
+  assert 'gcsfuse --implicit-dirs my-bucket /mnt/data' in calls[0]
+  _, calls = run(tmp_path, 'prepare', '--config', 'lm_1_3b',
+                 '--config.data.data_dir=/mnt/data/tfds')
+  assert '--worker=0' in calls[0]
+  assert ('python scripts/prepare_data.py --config lm_1_3b '
+          '--config.data.data_dir=/mnt/data/tfds') in calls[0]
   _, calls = run(tmp_path, 'train', '--config', 'lm_1_3b', '--workdir',
                  'gs://b/runs/my run')
   assert '--worker=all' in calls[0]
