@@ -33,11 +33,7 @@ Properties:
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import multiprocessing
-import os
-import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,7 +43,7 @@ import numpy as np
 from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data import batching, token_store
+from jax_transformer.data import batching, token_store, workers
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
@@ -391,25 +387,8 @@ def make_iterator(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
         ds, grain.experimental.DatasetOptions(min_shm_size=2 ** 62))
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(
         num_workers=worker_count, per_worker_buffer_size=worker_buffer_size),
-        worker_init_fn=_die_with_parent)
+        worker_init_fn=workers.end_with_parent)
   return Batches(iter(ds), worker_count)
-
-
-def _die_with_parent(worker_index: int, worker_count: int) -> None:
-  """In a worker: end when the process that started it dies, even by
-  SIGKILL, which gives it no chance to stop its workers (Linux only)."""
-  del worker_index, worker_count
-  try:
-    libc = ctypes.CDLL(None, use_errno=True)
-  except OSError:  # pragma: no cover - not Linux
-    return
-  pr_set_pdeathsig = 1
-  libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-  # A parent killed before this line ran leaves the worker orphaned, with
-  # nobody left whose death would signal it: it ends now instead.
-  parent = multiprocessing.parent_process()
-  if parent is not None and os.getppid() != parent.pid:
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Batches:
@@ -425,6 +404,7 @@ class Batches:
 
   def __init__(self, iterator: grain.DatasetIterator, worker_count: int):
     self._it, self.worker_count = iterator, worker_count
+    self._closed = False
 
   def __iter__(self) -> Batches:
     return self
@@ -449,8 +429,15 @@ class Batches:
     self._it.set_state(state['grain'])
 
   def close(self) -> None:
-    """Stops the worker processes and reader threads now."""
-    self._it.close()
+    """Stops the worker processes and reader threads now, in bounded time
+    whatever state the workers are in (see ``workers.stop``)."""
+    if self._closed:
+      return
+    self._closed = True
+    if self.worker_count:
+      workers.stop(self._it)
+    else:
+      self._it.close()
 
 
 def train_iterator(cfg: Any, tokenizer: Tokenizer, **batching: Any
