@@ -9,16 +9,21 @@ new training workdir.
         --config lm_shakespeare --workdir runs/lm_copy \
         --config.optim.learning_rate=1e-4
 
---from is one of: a Hugging Face GPT-2 directory (config.json,
-model.safetensors or its shards, else pytorch_model.bin read with
-torch.load(weights_only=True); tokenizer.json); a file from
+--from is one of: a Hugging Face folder of GPT-2, Llama (2 and 3),
+Mistral or Qwen2 (config.json, model.safetensors or its shards with
+model.safetensors.index.json, tokenizer.json), or such a model's id in
+the Hugging Face cache (read offline); a file from
 scripts/export.py --format safetensors; a PyTorch state_dict of the
 reference encoder-decoder or of GPT2LMHeadModel (from --format torch, or
 your own torch.save(model.state_dict(), PATH)).
 
-The experiment config (and any --config.a.b=value override, as in
-train.py) gives the architecture, data and optimizer; the file must fit
-it: fields it records that differ, or shapes that do not fit, are named.
+From a Hugging Face folder every model field comes from its config.json,
+whatever model the config names (a --config.model.* flag with another
+value is refused); the config gives data and optimizer, and the tensors
+are streamed onto this host's devices. For the other files the experiment
+config (and any --config.a.b=value override, as in train.py) gives the
+architecture, data and optimizer; the file must fit it: fields it records
+that differ, or shapes that do not fit, are named.
 model.vocab_size unset is taken from the file. The tokenizer comes from the
 Hugging Face directory's tokenizer.json (a Hugging Face tokenizer kind that
 keeps the file's ids), else from PATH's stem + .tokenizer/ as export writes
@@ -55,8 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       epilog='Any --config.a.b=value overrides a config field, as in '
              'train.py.')
   p.add_argument('--from', dest='source', required=True,
-                 help='Hugging Face GPT-2 directory, safetensors file or '
-                      'PyTorch state_dict')
+                 help='Hugging Face folder (GPT-2, Llama, Mistral, Qwen2) or '
+                      'cached model id, safetensors file or PyTorch '
+                      'state_dict')
   p.add_argument('--config', required=True,
                  help='experiment config, NAME[:preset] or configs/NAME.py[:preset]')
   p.add_argument('--workdir', required=True,
@@ -80,7 +86,9 @@ def load_config(spec: str, overrides: Sequence[str]):
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   cfg = load_config(args.config, args.overrides)
-  done = importer.import_into(args.source, cfg, args.workdir)
+  explicit = {a[len('--config.'):].split('=', 1)[0]
+              for a in args.overrides if a.startswith('--config.')}
+  done = importer.import_into(args.source, cfg, args.workdir, explicit)
   mc = done.model_config
   print(f'Imported {args.source} into {args.workdir} at step {done.step} '
         f'({cfg.model_kind}, d_model {mc.d_model}, '

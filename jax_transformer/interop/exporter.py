@@ -9,11 +9,15 @@ Formats (``write(trained, fmt, out)``):
                ``OUT``'s stem + ``.json``: the layout, model kind, step, our
                ``ModelConfig`` and the PyTorch constructor's arguments
                (``torch_config``).
-  hf           ``OUT/``: ``config.json`` + ``model.safetensors`` that
-               ``GPT2LMHeadModel.from_pretrained(OUT)`` loads, plus
-               ``tokenizer.json`` + ``tokenizer_config.json`` when the
-               tokenizer has a ``transformers`` form (bytes and imported
-               Hugging Face tokenizers do, SentencePiece does not here).
+  hf           ``OUT/``: a Hugging Face folder that
+               ``AutoModelForCausalLM.from_pretrained(OUT)`` loads, as GPT-2
+               (learned positions), Qwen2 (q/k/v biases alone) or Llama
+               (``hf_export``, ``model/hf_families.py``): ``config.json``,
+               ``model.safetensors`` or shards above 5 GB with their index,
+               written tensor by tensor, plus ``tokenizer.json`` +
+               ``tokenizer_config.json`` when the tokenizer has a
+               ``transformers`` form (bytes and imported Hugging Face
+               tokenizers do, SentencePiece does not here).
   safetensors  ``OUT``: the flat parameter dict under its dotted names (the
                keys of ``params.split``), with ``format``, ``model_kind``,
                ``model_config`` (JSON) and ``step`` in the file's metadata.
@@ -43,11 +47,10 @@ from safetensors.numpy import save_file
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_tokenizer, torch_compat
+from jax_transformer.interop import hf_export, torch_compat
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
-from jax_transformer.runtime import workdir as workdir_lib
 from jax_transformer.train.restore import Trained
 
 FORMATS = ('torch', 'hf', 'safetensors')
@@ -101,10 +104,12 @@ def check_fits(trained: Trained, fmt: str) -> None:
   if fmt not in FORMATS:
     raise UsageError(f'--format must be one of {FORMATS}, got {fmt!r}.')
   if fmt == 'hf' and trained.kind != 'decoder_lm':
-    raise UsageError('--format hf writes a GPT2LMHeadModel (decoder-only); '
-                     'export an encoder-decoder as --format torch or '
-                     'safetensors.')
-  if fmt in ('torch', 'hf'):
+    raise UsageError('--format hf writes a decoder-only causal LM (GPT-2, '
+                     'Llama, Mistral, Qwen2); export an encoder-decoder as '
+                     '--format torch or safetensors.')
+  if fmt == 'hf':
+    hf_export.check_fits(trained.model.config)
+  if fmt == 'torch':
     try:
       LAYOUTS[trained.kind].entries(trained.model.config)
     except ValueError as e:
@@ -120,7 +125,8 @@ def write(trained: Trained, fmt: str, out: str) -> list[str]:
   folder = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(folder):
     raise UsageError(f'--out {out}: the folder {folder} does not exist.')
-  return _WRITERS[fmt](on_host(trained), out)
+  # hf streams the parameters itself, a layer at a time (hf_export).
+  return _WRITERS[fmt](trained if fmt == 'hf' else on_host(trained), out)
 
 
 def on_host(trained: Trained) -> Trained:
@@ -166,23 +172,9 @@ def _write_torch(trained: Trained, out: str) -> list[str]:
 
 
 def _write_hf(trained: Trained, out: str) -> list[str]:
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, HF_CONFIG), 'w') as f:
-    json.dump(dict(torch_config(trained), dtype='float32'), f, indent=2,
-              sort_keys=True)
-  state_dict = _tensors(torch_compat.decoder_lm_to_gpt2(trained.model))
-  if trained.model.config.tie_embeddings:
-    del state_dict['lm_head.weight']  # transformers ties it on loading
-  save_file(state_dict, os.path.join(out, HF_WEIGHTS),
-            metadata={'format': 'pt'})
-  converted = hf_tokenizer.to_huggingface(trained.tokenizer)
-  if converted is None:
-    return [f'The {trained.tokenizer.kind} tokenizer has no transformers '
-            f'form here, so {out} holds the model only (the workdir\'s '
-            f'{workdir_lib.TOKENIZER_DIR}/ has it for the sentencepiece '
-            'library).']
-  hf_tokenizer.save_pretrained(converted, out)
-  return []
+  return hf_export.write_folder(trained.model.config,
+                                params_lib.split(trained.model)[1],
+                                trained.tokenizer, out)
 
 
 def _write_safetensors(trained: Trained, out: str) -> list[str]:
@@ -335,7 +327,7 @@ def _torch_model(fmt: str, out: str):
   import torch  # optional (the test extra): only PyTorch paths need it
   import transformers  # optional (the test extra), heavy
   if fmt == 'hf':
-    return transformers.GPT2LMHeadModel.from_pretrained(
+    return transformers.AutoModelForCausalLM.from_pretrained(
         out, dtype=torch.float32).eval()
   with open(sidecar(out, CONFIG_SUFFIX)) as f:
     meta = json.load(f)

@@ -4,9 +4,14 @@ accept.
 
 ``import_into(path, cfg, workdir)`` reads one of:
 
-  * a Hugging Face GPT-2 directory: ``config.json`` + ``model.safetensors``
-    (or its sharded index; ``pytorch_model.bin`` only through
-    ``torch.load(weights_only=True)``) and ``tokenizer.json``;
+  * a Hugging Face folder of a decoder family (GPT-2, Llama, Mistral,
+    Qwen2; ``model/hf_families.py``), or a model id in the Hugging Face
+    cache: ``config.json`` + ``model.safetensors`` (or its shards with their
+    index) and ``tokenizer.json``. Every model field comes from its
+    config.json whatever the config names (:func:`import_hf`); the tensors
+    are streamed onto this host's devices. (A GPT-2 folder with only
+    ``pytorch_model.bin`` is read through ``torch.load(weights_only=True)``
+    by the older path, ``read_source``);
   * a file written by ``export --format safetensors`` (parameters under
     their dotted names, the model config in the metadata);
   * a PyTorch state_dict of the reference encoder-decoder or of
@@ -34,6 +39,7 @@ import json
 import os
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -54,8 +60,16 @@ from jax_transformer.interop.exporter import (
   sidecar,
 )
 from jax_transformer.model import params as params_lib
+from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.train import checkpoint, checks, experiment, trainer
+from jax_transformer.train import (
+  checkpoint,
+  checks,
+  experiment,
+  pretrained,
+  steps,
+  trainer,
+)
 
 # Fields a fine-tuning run may change without changing the function.
 _RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
@@ -150,8 +164,9 @@ def _read_hf_dir(path: str) -> Source:
   with open(config_path) as f:
     hf = json.load(f)
   if hf.get('model_type') != 'gpt2':
-    raise UsageError(f'{path} holds a {hf.get("model_type")!r} model; only '
-                     'GPT-2 (GPT2LMHeadModel) directories import.')
+    raise UsageError(f'{path} holds a {hf.get("model_type")!r} model; '
+                     'import it with import_into (Hugging Face families: '
+                     'pretrained.hf_source).')
   if not os.path.exists(os.path.join(path, 'tokenizer.json')):
     raise UsageError(f'{path} has no tokenizer.json; save its tokenizer '
                      'there with tokenizer.save_pretrained(...) first.')
@@ -279,11 +294,21 @@ class Imported:
 
 
 def import_into(path: str, cfg: ml_collections.ConfigDict,
-                workdir: str) -> Imported:
-  """Reads ``path``, checks it against ``cfg`` and writes ``workdir``."""
+                workdir: str, explicit: set[str] = frozenset()) -> Imported:
+  """Reads ``path``, checks it against ``cfg`` and writes ``workdir``.
+
+  A Hugging Face folder (or a model id in its cache) gives every model
+  field (:func:`import_hf`); ``explicit`` names the ``model.*`` fields
+  given on the command line, refused where they differ.
+  """
   if os.path.exists(workdir) and os.listdir(workdir):
     raise UsageError(f'--workdir {workdir} is not empty; import into a new '
                      'directory.')
+  folder = pretrained.hf_folder(path)
+  if folder is not None and any(
+      os.path.exists(os.path.join(folder, name))
+      for name in (HF_WEIGHTS, pretrained.HF_INDEX)):
+    return import_hf(folder, path, cfg, workdir, explicit)
   source = read_source(path)
   tokenizer = source.tokenizer or config_tokenizer(cfg, path)
   model_config, extra_flags = fit_config(cfg, source, tokenizer)
@@ -297,3 +322,61 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
         'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
         'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
   return Imported(workdir, source.step, model_config, extra_flags, notes)
+
+
+def local_mesh(setup) -> jax.sharding.Mesh:
+  """This host's devices on 'fsdp', as many as divide every parameter."""
+  devices = jax.local_devices()
+  shapes = {k: v.shape for k, v in setup.abstract_params.items()}
+  specs = sharding.param_specs(setup.model_def.logical_axes)
+  for k in range(len(devices), 0, -1):
+    if len(devices) % k:
+      continue
+    mesh = sharding.make_mesh({'data': 1, 'fsdp': k, 'tensor': 1},
+                              devices[:k])
+    try:
+      sharding.check_divisible(shapes, specs, mesh)
+    except UsageError:
+      continue
+    return mesh
+  raise AssertionError('unreachable: one device fits any parameters')
+
+
+def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
+              workdir: str, explicit: set[str] = frozenset()) -> Imported:
+  """A Hugging Face model into ``workdir``: every model field from its
+  config.json (the config gives data and optimizer), its tokenizer, its
+  tensors streamed onto this host's devices (``pretrained.place_tensors``)
+  and saved as a step-0 checkpoint with a fresh optimizer state."""
+  source = pretrained.hf_source(folder, path)
+  pretrained.apply_fields(cfg, path, source.model_kind, source.fields,
+                          set(explicit))
+  with cfg.unlocked():
+    cfg.init_from = path
+  tokenizer = source.tokenizer()
+  try:
+    setup = experiment.setup(cfg, tokenizer.vocab_size)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+  mesh = local_mesh(setup)
+  shardings, _ = steps.state_shardings(setup, mesh,
+                                       setup.abstract_state(cfg.seed))
+  state = pretrained.Start(source, tokenizer).state(setup, cfg.seed,
+                                                    shardings)
+  checkpoint.save_side_files(workdir, cfg, tokenizer)
+  checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
+  try:
+    checkpointer.save(state, data.initial_state(cfg))
+    checkpointer.wait()
+  finally:
+    checkpointer.close()
+  notes = [f'{path} is a {source.what} model: every config.model field was '
+           'taken from its config.json.']
+  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
+  if moved:
+    notes.append(
+        f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '
+        'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
+        'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
+  return Imported(workdir, 0, setup.model_config,
+                  [f'--config.init_from={path}'], notes)

@@ -5,7 +5,9 @@ Two layouts:
     ``embed`` + ``nn.Transformer(batch_first=True)`` + ``head``);
   * Hugging Face's ``GPT2LMHeadModel`` for the decoder-only model.
 
-Each layout is a table of :class:`Entry` rows, one per PyTorch tensor, that
+(GPT-2's table and the table primitives are ``model/hf_families``'s; the
+Llama, Mistral and Qwen2 families are there too.) Each layout is a table
+of :class:`Entry` rows, one per PyTorch tensor, that
 names the JAX parameters it is made of and how to convert both ways. Loading
 checks every key and shape before building anything.
 
@@ -16,70 +18,36 @@ model, both ways (:func:`gpt2_hf_config`, :func:`model_fields_from_gpt2`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
+
+# The table primitives and GPT-2's table live with the Hugging Face
+# families (model/hf_families.py), which the trainer's init_from reads too.
+from jax_transformer.model.hf_families import (  # noqa: F401
+  GPT2_BUFFERS as _GPT2_BUFFERS,
+)
+from jax_transformer.model.hf_families import (  # noqa: F401
+  Entry,
+  check_tensors,
+  gpt2_entries,
+  gpt2_hf_config,
+  model_fields_from_gpt2,
+  with_gpt2_prefix,
+)
+from jax_transformer.model.hf_families import head_entry as _head_entry
+from jax_transformer.model.hf_families import joined as _joined
+from jax_transformer.model.hf_families import matrix as _matrix
+from jax_transformer.model.hf_families import norm_entries as _norm_entries
+from jax_transformer.model.hf_families import same as _same
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Arrays = Sequence[np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-  """One PyTorch tensor and the JAX parameters (dotted paths) it holds."""
-  torch_key: str
-  jax_paths: tuple[str, ...]
-  to_torch: Callable[[Arrays], np.ndarray]
-  from_torch: Callable[[np.ndarray], list[np.ndarray]]
-
-
-def _same(key: str, path: str) -> Entry:
-  return Entry(key, (path,), lambda a: a[0], lambda t: [t])
-
-
-def _matrix(key: str, path: str, shape: tuple[int, ...], in_axes: int = 1,
-            transpose: bool = True) -> Entry:
-  """A kernel of ``shape`` (its first ``in_axes`` axes are inputs) stored as
-  a torch matrix: [out, in] for nn.Linear (transpose), [in, out] for Conv1D.
-  """
-  n_in = int(np.prod(shape[:in_axes]))
-
-  def to_torch(arrays):
-    m = arrays[0].reshape(n_in, -1)
-    return m.T if transpose else m
-
-  def from_torch(t):
-    return [(t.T if transpose else t).reshape(shape)]
-
-  return Entry(key, (path,), to_torch, from_torch)
-
-
-def _joined(key: str, paths: tuple[str, ...], shape: tuple[int, ...],
-            transpose: bool) -> Entry:
-  """One torch tensor made of equal JAX kernels ``shape`` joined along the
-  output features, e.g. in_proj_weight = [q; k; v] or GPT-2's c_attn.
-
-  Kernels [D, N, H] are flattened to [D, N*H] (biases [N, H] to [N*H]),
-  concatenated along the last axis, then transposed for nn.Linear.
-  """
-  def to_torch(arrays):
-    flat = [a.reshape(shape[0], -1) if len(shape) == 3 else a.reshape(-1)
-            for a in arrays]
-    joined = jnp.concatenate(flat, axis=-1)
-    return joined.T if transpose else joined
-
-  def from_torch(t):
-    parts = np.split(t.T if transpose else t, len(paths), axis=-1)
-    return [p.reshape(shape) for p in parts]
-
-  return Entry(key, paths, to_torch, from_torch)
 
 
 # ----------------------------------------------------------------------------
@@ -110,18 +78,6 @@ def _ff_entries(torch_prefix: str, jax_prefix: str,
       _matrix(f'{torch_prefix}.linear2.weight', f'{jax_prefix}.ff.wo', (f, d)),
       _same(f'{torch_prefix}.linear2.bias', f'{jax_prefix}.ff.bo'),
   ]
-
-
-def _norm_entries(torch_prefix: str, jax_prefix: str) -> list[Entry]:
-  return [_same(f'{torch_prefix}.weight', f'{jax_prefix}.scale'),
-          _same(f'{torch_prefix}.bias', f'{jax_prefix}.bias')]
-
-
-def _head_entry(name: str, c: ModelConfig) -> Entry:
-  """The output head: the token embedding where tied, else its own matrix."""
-  if c.tie_embeddings:
-    return _same(name, 'embed.embedding')
-  return _matrix(name, 'head', (c.d_model, c.vocab_size))
 
 
 def _check_reference_config(c: ModelConfig) -> None:
@@ -176,116 +132,6 @@ def encoder_decoder_entries(c: ModelConfig) -> list[Entry]:
 
 
 # ----------------------------------------------------------------------------
-# Hugging Face GPT-2 layout.
-
-# Buffers (not parameters) that some GPT-2 checkpoints carry.
-_GPT2_BUFFERS = ('.attn.bias', '.attn.masked_bias')
-# Our activation -> transformers' activation_function, and back.
-_GPT2_ACTIVATIONS = {'gelu_tanh': 'gelu_new', 'gelu': 'gelu', 'relu': 'relu'}
-_FROM_GPT2_ACTIVATIONS = {'gelu_new': 'gelu_tanh',
-                          'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu',
-                          'relu': 'relu'}
-# GPT2Config's flags this layout has one value of.
-_GPT2_FIXED = {'scale_attn_weights': True,
-               'scale_attn_by_inverse_layer_idx': False,
-               'add_cross_attention': False}
-
-
-def _check_gpt2_config(c: ModelConfig) -> None:
-  wanted = dict(positional='learned', norm_first=True, norm='layernorm',
-                use_bias=True, final_norm=True, scale_embeddings=False)
-  wrong = [f'{k}={getattr(c, k)!r} (GPT-2 has {v!r})'
-           for k, v in wanted.items() if getattr(c, k) != v]
-  if c.kv_heads != c.num_heads:
-    wrong.append('grouped-query attention (GPT-2 has num_kv_heads = '
-                 'num_heads)')
-  if c.activation == 'swiglu':
-    wrong.append("activation='swiglu' (GPT-2 has a plain MLP)")
-  if wrong:
-    raise ValueError('The GPT-2 layout cannot hold ' + '; '.join(wrong) + '.')
-
-
-def gpt2_entries(c: ModelConfig) -> list[Entry]:
-  """The name/shape table of a Hugging Face GPT2LMHeadModel state_dict."""
-  _check_gpt2_config(c)
-  d, n, h = c.d_model, c.num_heads, c.head_dim
-  entries = [_same('transformer.wte.weight', 'embed.embedding'),
-             _same('transformer.wpe.weight', 'position_embed.embedding')]
-  for i in range(c.num_decoder_layers):
-    tp, jp = f'transformer.h.{i}', f'layers.{i}'
-    qkv = tuple(f'{jp}.self_attn.{x}' for x in ('query', 'key', 'value'))
-    # Conv1D stores [in, out]: no transposes, only reshapes.
-    entries += [
-        _joined(f'{tp}.attn.c_attn.weight', qkv, (d, n, h), transpose=False),
-        _joined(f'{tp}.attn.c_attn.bias', tuple(p + '_bias' for p in qkv),
-                (n, h), transpose=False),
-        _matrix(f'{tp}.attn.c_proj.weight', f'{jp}.self_attn.out', (n, h, d),
-                in_axes=2, transpose=False),
-        _same(f'{tp}.attn.c_proj.bias', f'{jp}.self_attn.out_bias'),
-        _same(f'{tp}.mlp.c_fc.weight', f'{jp}.ff.wi'),
-        _same(f'{tp}.mlp.c_fc.bias', f'{jp}.ff.bi'),
-        _same(f'{tp}.mlp.c_proj.weight', f'{jp}.ff.wo'),
-        _same(f'{tp}.mlp.c_proj.bias', f'{jp}.ff.bo'),
-    ]
-    entries += _norm_entries(f'{tp}.ln_1', f'{jp}.self_attn_norm')
-    entries += _norm_entries(f'{tp}.ln_2', f'{jp}.ff_norm')
-  entries += _norm_entries('transformer.ln_f', 'norm')
-  return entries + [_head_entry('lm_head.weight', c)]
-
-
-def gpt2_hf_config(c: ModelConfig, *, bos_id: int | None = None,
-                   eos_id: int | None = None,
-                   pad_id: int | None = None) -> dict[str, Any]:
-  """The Hugging Face ``GPT2Config`` (as a dict) of a GPT-2-shaped model:
-  ``GPT2LMHeadModel(GPT2Config(**d))`` holds :func:`decoder_lm_to_gpt2`."""
-  _check_gpt2_config(c)
-  return dict(
-      model_type='gpt2', architectures=['GPT2LMHeadModel'],
-      vocab_size=c.vocab_size, n_positions=c.max_len, n_embd=c.d_model,
-      n_layer=c.num_decoder_layers, n_head=c.num_heads, n_inner=c.d_ff,
-      activation_function=_GPT2_ACTIVATIONS[c.activation],
-      layer_norm_epsilon=c.layer_norm_eps, resid_pdrop=c.dropout_rate,
-      embd_pdrop=c.dropout_rate, attn_pdrop=c.attention_dropout_rate,
-      tie_word_embeddings=c.tie_embeddings, reorder_and_upcast_attn=False,
-      bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-      **_GPT2_FIXED)
-
-
-def model_fields_from_gpt2(hf: Mapping[str, Any]
-                           ) -> tuple[dict[str, Any], list[str]]:
-  """(ModelConfig fields, what this layout cannot hold) of a GPT2Config dict
-  (a Hugging Face config.json; missing keys take GPT2Config's defaults)."""
-  unsupported = [f'{k}={hf[k]!r}' for k, v in _GPT2_FIXED.items()
-                 if hf.get(k, v) != v]
-  activation = hf.get('activation_function', 'gelu_new')
-  if activation not in _FROM_GPT2_ACTIVATIONS:
-    unsupported.append(f'activation_function={activation!r}')
-  d = hf.get('n_embd', 768)
-  fields = dict(
-      vocab_size=hf.get('vocab_size', 50257),
-      max_len=hf.get('n_positions', 1024), d_model=d,
-      num_heads=hf.get('n_head', 12), num_decoder_layers=hf.get('n_layer', 12),
-      d_ff=hf.get('n_inner') or 4 * d,
-      activation=_FROM_GPT2_ACTIVATIONS.get(activation, activation),
-      layer_norm_eps=hf.get('layer_norm_epsilon', 1e-5),
-      tie_embeddings=hf.get('tie_word_embeddings', True),
-      # Fixed by the layout (see _check_gpt2_config).
-      num_encoder_layers=0, positional='learned', norm_first=True,
-      norm='layernorm', use_bias=True, final_norm=True,
-      scale_embeddings=False)
-  return fields, unsupported
-
-
-def with_gpt2_prefix(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-  """GPT2LMHeadModel keys for a state dict saved from GPT2Model (``wte.weight``
-  instead of ``transformer.wte.weight``, as on the original hub files)."""
-  if 'wte.weight' not in state_dict:
-    return dict(state_dict)
-  return {k if k.startswith('lm_head.') else f'transformer.{k}': v
-          for k, v in state_dict.items()}
-
-
-# ----------------------------------------------------------------------------
 # Conversion, shared by both layouts.
 
 
@@ -312,31 +158,8 @@ def _check_state_dict(state_dict: Mapping[str, np.ndarray],
                       entries: list[Entry], shapes: dict[str, tuple],
                       ignored_suffixes: tuple[str, ...]) -> None:
   """Raises one error listing every missing, unexpected or misshapen key."""
-  problems = []
-  provided = set()
-  for e in entries:
-    abstract = [jax.ShapeDtypeStruct(shapes[p], np.float32)
-                for p in e.jax_paths]
-    expected = tuple(jax.eval_shape(e.to_torch, abstract).shape)
-    if e.torch_key not in state_dict:
-      # A tied head is often left out of saved checkpoints.
-      if not set(e.jax_paths) <= provided:
-        problems.append(f'missing key {e.torch_key!r} (expected shape '
-                        f'{expected})')
-      continue
-    provided.update(e.jax_paths)
-    got = tuple(np.shape(state_dict[e.torch_key]))
-    if got != expected:
-      problems.append(f'key {e.torch_key!r} has shape {got} but the model '
-                      f'expects {expected}')
-  known = {e.torch_key for e in entries}
-  for key in state_dict:
-    if key not in known and not key.endswith(ignored_suffixes):
-      problems.append(f'unexpected key {key!r} with shape '
-                      f'{tuple(np.shape(state_dict[key]))}')
-  if problems:
-    raise ValueError('State dict does not match the model:\n  ' +
-                     '\n  '.join(problems))
+  check_tensors({k: tuple(np.shape(v)) for k, v in state_dict.items()},
+                entries, shapes, ignored_suffixes)
 
 
 def import_state_dict(state_dict: Mapping[str, object],

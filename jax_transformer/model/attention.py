@@ -18,7 +18,12 @@ from jax.experimental import checkify
 
 from jax_transformer.model import splash
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.layers import dropout, param, rotate
+from jax_transformer.model.layers import (
+  dropout,
+  param,
+  rope_frequencies,
+  rotate,
+)
 
 # Re-exported: the mask helpers lived here first.
 from jax_transformer.model.masks import (  # noqa: F401
@@ -234,26 +239,28 @@ class Attention(nnx.Module):
     out_init = nnx.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2)
     self.out = param(rngs, out_init, (n, h, d),
                      ('heads', 'head_dim', 'embed'), dtype)
-    if config.use_bias:
-      zeros = nnx.initializers.zeros
+    zeros = nnx.initializers.zeros
+    if config.has_qkv_bias:
       self.query_bias = param(rngs, zeros, (n, h), ('heads', 'head_dim'),
                               dtype)
       self.key_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
                             dtype)
       self.value_bias = param(rngs, zeros, (k, h), ('kv_heads', 'head_dim'),
                               dtype)
+    if config.use_bias:
       self.out_bias = param(rngs, zeros, (d,), ('embed',), dtype)
 
   def _project(self, x: Array, kernel: str, positions: Array | None):
     dtype = self.config.compute_dtype
     y = jnp.einsum('BTD,DNH->BTNH', x.astype(dtype),
                    getattr(self, kernel)[...].astype(dtype))
-    if self.config.use_bias:
+    if self.config.has_qkv_bias:
       y = y + getattr(self, kernel + '_bias')[...].astype(dtype)
     if self.rotary and kernel != 'value':
       if positions is None:
         raise ValueError('Rotary attention needs positions [B, T].')
-      y = rotate(y, positions, self.config.rope_base)
+      y = rotate(y, positions, self.config.rope_base,
+                 rope_frequencies(self.config))
     heads = 'heads' if kernel == 'query' else 'kv_heads'
     return constrain(y, ('batch', 'length', heads, 'head_dim'))
 

@@ -13,6 +13,7 @@ from jax_transformer.errors import UsageError
 Activation = Literal['relu', 'gelu', 'gelu_tanh', 'swiglu']
 Positional = Literal['sinusoidal', 'learned', 'rotary']
 Norm = Literal['layernorm', 'rmsnorm']
+RopeScaling = Literal['none', 'llama3']
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
 REMAT_POLICIES = ('none', 'full', 'dots')
@@ -48,11 +49,23 @@ class ModelConfig:
   positional: Positional = 'sinusoidal'
   max_len: int = 512
   rope_base: float = 10000.0
+  # Rotary frequencies rescaled for long contexts: 'none', or 'llama3'
+  # (Llama 3.1's: wavelengths above original_max_len / low_freq_factor
+  # slowed by factor, below original_max_len / high_freq_factor kept, a
+  # smooth blend between). The four numbers below matter only with it.
+  rope_scaling: RopeScaling = 'none'
+  rope_scaling_factor: float = 8.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
   # Output projection shares the token embedding (the paper, Press & Wolf).
   tie_embeddings: bool = True
   # Multiply embeddings by sqrt(d_model) (the paper); GPT-2 does not.
   scale_embeddings: bool = True
   use_bias: bool = True
+  # Biases on the query, key and value projections even without use_bias
+  # (Qwen2: q/k/v biased, output projection and feed-forward not).
+  qkv_bias: bool = False
   layer_norm_eps: float = 1e-5
   # Compute dtype of matmuls; norms, softmax and logits stay float32.
   dtype: str = 'float32'
@@ -130,12 +143,27 @@ class ModelConfig:
         and self.dtype not in ('bfloat16', 'float16')):
       yield ("attention_implementation='cudnn' needs dtype 'bfloat16' or "
              f"'float16' (cuDNN attention has no float32), got {self.dtype!r}.")
+    if self.rope_scaling not in RopeScaling.__args__:
+      yield (f'rope_scaling={self.rope_scaling!r} is not one of '
+             f'{RopeScaling.__args__}.')
+    elif self.rope_scaling == 'llama3' and not (
+        self.rope_scaling_factor > 0 and self.rope_original_max_len > 0
+        and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+      yield ('rope_scaling=\'llama3\' needs rope_scaling_factor > 0, '
+             'rope_original_max_len > 0 and 0 < rope_low_freq_factor < '
+             'rope_high_freq_factor.')
+    if not isinstance(self.qkv_bias, bool):
+      yield f'qkv_bias must be True or False, got {self.qkv_bias!r}.'
     if self.layer_norm_eps <= 0:
       yield f'layer_norm_eps must be positive, got {self.layer_norm_eps!r}.'
 
   @property
   def kv_heads(self) -> int:
     return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+  @property
+  def has_qkv_bias(self) -> bool:
+    return self.use_bias or self.qkv_bias
 
   @property
   def head_dim(self) -> int:

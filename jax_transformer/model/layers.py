@@ -141,15 +141,36 @@ class LearnedPositions(nnx.Module):
     return jnp.take(self.embedding[...], positions, axis=0)
 
 
-def rotate(x: Array, positions: Array, base: float) -> Array:
+def rope_frequencies(config: ModelConfig) -> Array | None:
+  """The rotary inverse frequencies [H/2] of a scaled config (Llama 3's
+  rope_scaling, as transformers computes them), or None: unscaled, which
+  :func:`rotate` computes itself."""
+  if config.rope_scaling == 'none':
+    return None
+  half = config.head_dim // 2
+  inv_freq = config.rope_base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  factor, old_len = config.rope_scaling_factor, config.rope_original_max_len
+  low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  blended = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+  return jnp.where(medium, blended, scaled)
+
+
+def rotate(x: Array, positions: Array, base: float,
+           inv_freq: Array | None = None) -> Array:
   """Rotary position embedding (RoPE) of queries or keys.
 
   Rotates pairs (x[i], x[i + H/2]) by angle position * base^(-2i/H), the
-  "rotate half" layout of GPT-NeoX and Llama.
+  "rotate half" layout of GPT-NeoX and Llama (or by position * inv_freq[i]
+  when given: :func:`rope_frequencies`).
   x [B, T, N, H], positions [B, T] -> [B, T, N, H].
   """
   half = x.shape[-1] // 2
-  inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if inv_freq is None:
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
   angle = positions.astype(jnp.float32)[:, :, None, None] * inv_freq
   sin, cos = jnp.sin(angle), jnp.cos(angle)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)

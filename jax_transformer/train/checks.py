@@ -78,6 +78,12 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
   # The dataset named with its fields (a 'files' glob that matches
   # nothing, a task or lm_mode misspelt), before anything is prepared.
   data.spec_for(cfg.data)
+  init_from = cfg.get('init_from')
+  if init_from is not None and not (isinstance(init_from, str)
+                                    and init_from):
+    raise UsageError('config.init_from must name a Hugging Face model folder, '
+                     'a model id in its cache or a workdir, got '
+                     f'{init_from!r}.')
   skips = cfg.optim.get('max_skipped_updates', 0)
   if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
     raise UsageError('config.optim.max_skipped_updates must be a '
@@ -143,6 +149,9 @@ def check_resumable(cfg: ml_collections.ConfigDict,
     return
   saved = ml_collections.ConfigDict(json.loads(paths.config.read_text()))
   saved, current = json.loads(saved.to_json()), json.loads(cfg.to_json())
+  if isinstance(saved.get('model'), dict):  # fields added since: defaults
+    for field in dataclasses.fields(ModelConfig):
+      saved['model'].setdefault(field.name, field.default)
   for key, names in (('model', RUNTIME_MODEL_FIELDS),
                      ('data', RUNTIME_DATA_FIELDS)):
     for c in (saved, current):

@@ -63,6 +63,10 @@ def base_config() -> ConfigDict:
   c = ConfigDict()
   c.model_kind = 'decoder_lm'
   c.model = model_fields(small_lm)
+  # Start from a pretrained model: a Hugging Face folder (or a model id in
+  # its cache) or another workdir. Its model fields replace config.model's
+  # and model_kind (train/pretrained.py); unset: a fresh model.
+  c.init_from = optional(str)
   c.vocab_multiple = 8
   c.data = ConfigDict(dict(
       name='shakespeare', data_dir=optional(str), direction=optional(str),

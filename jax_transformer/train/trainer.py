@@ -33,6 +33,7 @@ from jax_transformer.train import (
   metrics,
   perf,
   preemption,
+  pretrained,
   profiling,
   progress,
   steps,
@@ -66,6 +67,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   # same on every process: no agreement needed).
   checks.check_run_fields(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
+  pretrained.resolve_config(cfg, workdir)  # config.init_from's model fields
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
   # Ends this process with one line if another one is lost (liveness.py).
@@ -97,8 +99,10 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   compile_step(run, batch) -> the compiled train step."""
   clock = goodput.Clock()  # start-up until the loop
   prepared = prepare_data(cfg)
+  start = pretrained.start(cfg, checkpointer.latest_step() is not None)
   tokenizer = checkpoint.run_tokenizer(
-      workdir, prepared.tokenizer, checkpointer.latest_step() is not None)
+      workdir, start.tokenizer if start else prepared.tokenizer,
+      checkpointer.latest_step() is not None)
   setup = experiment.setup(cfg, tokenizer.vocab_size)
   abstract_state = setup.abstract_state(cfg.seed)
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
@@ -120,6 +124,9 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
         steps.sharded_abstract(abstract_state, shardings))
     train_iter.set_state(data_state)
     log(f'Resumed from step {int(state["step"])} in {workdir}.')
+  elif start:  # config.init_from: its parameters, a fresh optimizer
+    state = start.state(setup, cfg.seed, shardings)
+    log(f'Started from {start.source.path} ({start.source.what}).')
   else:
     state = jax.jit(lambda: setup.init_state(cfg.seed),
                     out_shardings=shardings)()
