@@ -221,7 +221,7 @@ def _load(workdir: str, devices: Sequence[jax.Device] | None = None):
   from jax_transformer.train import restore  # pylint: disable=g-import-not-at-top
   trained = restore.load_model(workdir, devices=devices)
   stream = (not isinstance(trained.model, EncoderDecoder)
-            and data.get_spec(trained.config.data.name).lm_mode == 'stream')
+            and data.spec_for(trained.config.data).lm_mode == 'stream')
   return trained.model, trained.tokenizer, stream, trained.mesh
 
 

@@ -140,7 +140,7 @@ def sample(setup, params, tokenizer, cfg) -> str:
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
-  stream = data.get_spec(cfg.data.name).lm_mode == 'stream'
+  stream = data.spec_for(cfg.data).lm_mode == 'stream'
   out = decoding.generate(model, [data.lm_prompt(ids, stream)],
                           max_new_tokens=s.max_new_tokens, sampler=sampler,
                           key=key)

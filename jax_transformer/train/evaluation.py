@@ -28,9 +28,9 @@ LN2 = math.log(2.0)
 def check_split(cfg: ml_collections.ConfigDict, split: str) -> None:
   """Raises one ValueError sentence if the prepared dataset lacks the split
   (a slice such as 'train[-500:]' names its split before the bracket)."""
-  spec = data.get_spec(cfg.data.name)
+  spec = data.spec_for(cfg.data)
   try:
-    source = data.load_source(spec.name, spec.train_split,
+    source = data.load_source(spec, spec.train_split,
                               cfg.data.get('data_dir'))
   except FileNotFoundError as e:  # not prepared: the message says how
     raise UsageError(str(e)) from None
@@ -128,10 +128,10 @@ def split_texts(cfg: ml_collections.ConfigDict, split: str,
                 max_examples: int | None = None
                 ) -> tuple[list[str], list[str]]:
   """(sources, references) of a translation split, in stored order."""
-  spec = data.get_spec(cfg.data.name)
+  spec = data.spec_for(cfg.data)
   src_key, tgt_key = data.pipeline.translation_keys(
       spec, cfg.data.get('direction'))
-  source = data.load_source(spec.name, split, cfg.data.get('data_dir'))
+  source = data.load_source(spec, split, cfg.data.get('data_dir'))
   n = len(source) if max_examples is None else min(max_examples, len(source))
   rows = [source[i] for i in range(n)]
   return ([data.datasets.as_text(r[src_key]) for r in rows],
