@@ -24,6 +24,8 @@ Properties:
   number of batches: the last ones are filled with empty rows (segment 0,
   weight 0). Training drops translation pairs longer than the rows (a cut
   target would lose its EOS) and truncates LM sentences.
+* Mixtures: with ``data.mixture``, training rows come from several sources
+  in the proportions of their weights (``mixture``).
 * Fast where it matters: decoding a TFDS record costs ~0.2 ms of Python, so
   splits of up to ``cache_limit`` examples (ding_en_de, the WMT dev/test sets,
   Shakespeare's stream) are read and tokenized once into memory; bigger ones
@@ -34,6 +36,7 @@ Properties:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,7 +46,7 @@ import numpy as np
 from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data import batching, token_store, workers
+from jax_transformer.data import batching, mixture, token_store, workers
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
@@ -256,6 +259,13 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     process_index, process_count = jax.process_index(), jax.process_count()
   local_batch = _local_batch_size(batch_size, process_count)
   evaluation = not shuffle and num_epochs == 1
+  if not evaluation and mixture.sources(data_cfg):  # see data/mixture.py
+    return mixture.mixed_dataset(
+        data_cfg, functools.partial(make_dataset, tokenizer=tokenizer),
+        batch_size=batch_size, seed=seed, process_count=process_count,
+        seq_len=seq_len, shuffle=shuffle, num_epochs=num_epochs,
+        process_index=process_index, num_threads=num_threads,
+        cache_limit=cache_limit, source=source)
   store = None
   if source is None:  # token ids, written once per tokenizer
     store = token_store.open_or_build(

@@ -78,6 +78,7 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
   # The dataset named with its fields (a 'files' glob that matches
   # nothing, a task or lm_mode misspelt), before anything is prepared.
   data.spec_for(cfg.data)
+  data.mixture.check(cfg.data)  # weights, labels, one task
   init_from = cfg.get('init_from')
   if init_from is not None and not (isinstance(init_from, str)
                                     and init_from):

@@ -106,15 +106,17 @@ class Sample:
 def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
              ) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
-  config.eval_steps batches); for translation also greedy BLEU and chrF on
+  config.eval_steps batches; for a mixture, over each source's and all of
+  them together); for translation also greedy BLEU and chrF on
   its first config.eval_bleu_examples sentences.
 
   stop(count) -> True (checked between batches) abandons the evaluation:
   raises evaluation.Interrupted.
   """
-  metrics = evaluation.loss_metrics(eval_step, params, cfg, tokenizer, mesh,
-                                    max_batches=cfg.get('eval_steps'),
-                                    stop=stop)
+  score = (evaluation.mixture_loss_metrics if cfg.data.get('mixture')
+           else evaluation.loss_metrics)  # per source too (data/mixture.py)
+  metrics = score(eval_step, params, cfg, tokenizer, mesh,
+                  max_batches=cfg.get('eval_steps'), stop=stop)
   n = cfg.get('eval_bleu_examples') or 0
   if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
     if stop is not None and stop(0):

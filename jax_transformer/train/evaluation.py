@@ -80,8 +80,8 @@ def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
                  max_batches: int | None = None,
                  count_text: bool = False,
                  progress: bool = False,
-                 stop: Callable[[int], bool] | None = None
-                 ) -> dict[str, float]:
+                 stop: Callable[[int], bool] | None = None,
+                 data_cfg: Any = None) -> dict[str, float]:
   """Loss and perplexity over a split (default: config.data.eval_split),
   every token of it unless max_batches is given.
 
@@ -89,10 +89,41 @@ def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
   count_text, also bits per byte (byte tokenizers) or per character.
   stop(batches done) -> True abandons the evaluation (raises Interrupted),
   so a stop signal need not wait for a whole split; every process must
-  give the same answer for the same count.
+  give the same answer for the same count. data_cfg: the data to score
+  (default: config.data; a mixture's source, say).
   """
-  split = split or cfg.data.eval_split
-  it = data.make_iterator(cfg.data, split, tokenizer,
+  data_cfg = cfg.data if data_cfg is None else data_cfg
+  split = split or data_cfg.get('eval_split') or 'validation'
+  sums = _loss_sums(eval_step, params, cfg, tokenizer, mesh, data_cfg,
+                    split, max_batches, count_text, progress, stop)
+  return _loss_row(*sums, tokenizer if count_text else None)
+
+
+def mixture_loss_metrics(eval_step: Callable, params,
+                         cfg: ml_collections.ConfigDict, tokenizer, mesh,
+                         max_batches: int | None = None,
+                         stop: Callable[[int], bool] | None = None
+                         ) -> dict[str, float]:
+  """``loss_metrics`` of each source of config.data.mixture on its own
+  eval_split (its first max_batches batches), as ``eval_loss/<label>`` and
+  ``eval_perplexity/<label>``, and of all of them pooled over tokens as
+  ``eval_loss`` and ``eval_perplexity``."""
+  out, nll, tokens = {}, 0.0, 0.0
+  for source in data.mixture.sources(cfg.data):
+    s_nll, s_tokens, _ = _loss_sums(
+        eval_step, params, cfg, tokenizer, mesh, source.data,
+        source.eval_split, max_batches, False, False, stop)
+    for key, value in _loss_row(s_nll, s_tokens).items():
+      out[f'{key}/{source.label}'] = value
+    nll, tokens = nll + s_nll, tokens + s_tokens
+  return {**_loss_row(nll, tokens), **out}
+
+
+def _loss_sums(eval_step, params, cfg, tokenizer, mesh, data_cfg, split,
+               max_batches, count_text, progress, stop
+               ) -> tuple[float, float, float]:
+  """(summed nll, scored tokens, text units) over a split."""
+  it = data.make_iterator(data_cfg, split, tokenizer,
                           batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
                           shuffle=False, num_epochs=1)
   batches = itertools.islice(it, max_batches)
@@ -111,9 +142,16 @@ def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
       weights = (local['tgt_segment_ids'] if 'tgt_out' in local
                  else local['segment_ids'])
       units += count_units(tokenizer, targets, weights)
+  return nll, tokens, units
+
+
+def _loss_row(nll: float, tokens: float, units: float = 0.0,
+              tokenizer=None) -> dict[str, float]:
+  """eval_loss and eval_perplexity; given the tokenizer, also the tokens,
+  text units and bits per unit."""
   loss = nll / max(tokens, 1.0)
   out = {'eval_loss': loss, 'eval_perplexity': math.exp(min(loss, 50.0))}
-  if count_text:
+  if tokenizer is not None:
     unit = text_unit(tokenizer)
     out.update({'eval_tokens': tokens, f'eval_{unit}s': units,
                 f'eval_bits_per_{unit}': nll / LN2 / max(units, 1.0)})

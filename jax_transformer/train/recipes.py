@@ -84,6 +84,10 @@ def base_config() -> ConfigDict:
       # training documents is held out.
       train_files=optional(str), eval_files=optional(str),
       eval_fraction=optional(float),
+      # Several sources with weights, read with this data's tokenizer
+      # (docs/data.md, "Mixtures"): a tuple of dicts such as
+      # {'name': 'shakespeare', 'weight': 3}; unset: config.data alone.
+      mixture=optional(tuple),
       # Processes tokenizing a big split when it is prepared (unset: all).
       prepare_workers=optional(int),
       # Processes building training batches (0: this process, with
