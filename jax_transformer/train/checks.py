@@ -153,6 +153,10 @@ def check_resumable(cfg: ml_collections.ConfigDict,
   if isinstance(saved.get('model'), dict):  # fields added since: defaults
     for field in dataclasses.fields(ModelConfig):
       saved['model'].setdefault(field.name, field.default)
+  if isinstance(saved.get('data'), dict):  # data fields added since, unset
+    for name, value in current.get('data', {}).items():
+      if name not in saved['data'] and value in (None, '', (), []):
+        saved['data'][name] = value
   for key, names in (('model', RUNTIME_MODEL_FIELDS),
                      ('data', RUNTIME_DATA_FIELDS)):
     for c in (saved, current):

@@ -3,6 +3,7 @@ or full disks, tokenizer fingerprints, checkpoints of another model, failed
 background saves, bad configs refused before data preparation, and stop
 signals during evaluation."""
 
+import json
 import os
 import shutil
 import signal
@@ -345,3 +346,17 @@ def test_loss_metrics_stops_between_batches_when_asked(tmp_path):
     evaluation.loss_metrics(step, {}, cfg, prepared.tokenizer, mesh,
                             max_batches=4, stop=stop)
   assert asked == [1, 2]
+
+
+def test_a_workdir_saved_before_new_data_fields_still_resumes(tmp_path):
+  """Fields added to config.data since a run was saved (unset now) do not
+  make it another run; a field that differs still does."""
+  cfg = load_config('lm_shakespeare:tiny')
+  saved = json.loads(cfg.to_json())
+  for name in ('mixture', 'text_key', 'train_files'):
+    saved['data'].pop(name, None)
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  checks.check_resumable(cfg, str(tmp_path))
+  cfg.data.name = 'tiny_shakespeare'
+  with pytest.raises(UsageError, match=r'different config\.data \(name\)'):
+    checks.check_resumable(cfg, str(tmp_path))
