@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jax_transformer.model import sharding
+
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
                   label_smoothing: float = 0.0,
@@ -62,6 +64,12 @@ def chunked_cross_entropy(hidden: jax.Array, kernel: jax.Array,
   (operands in ``compute_dtype``, float32 accumulation). Only one chunk's
   logits exist at a time in the forward pass and in the backward pass, which
   recomputes them. The gradient reaches hidden, kernel and weights.
+
+  Traced under a mesh, the kernel is gathered over its FSDP shards once,
+  before the loop (keeping its vocabulary split over ``tensor``), each
+  chunk's rows and logits stay split over the batch axes, and the
+  kernel's gradient is summed over the loop on each device and
+  reduce-scattered once after it: no collective runs per chunk.
   """
   if chunk_size < 1:
     raise ValueError(f'chunk_size must be positive, got {chunk_size}')
@@ -103,8 +111,44 @@ def _chunk_logits(hidden: jax.Array, kernel: jax.Array, dtype) -> jax.Array:
 
   The same einsum as the model's head, so a chunk's logits are the model's.
   """
-  return jnp.einsum('CD,DV->CV', hidden.astype(dtype), kernel,
-                    preferred_element_type=jnp.float32)
+  return sharding.constrain(
+      jnp.einsum('CD,DV->CV', _by_rows(hidden).astype(dtype), kernel,
+                 preferred_element_type=jnp.float32), ('batch', 'vocab'))
+
+
+def _gathered(kernel: jax.Array) -> jax.Array:
+  """kernel [D, V] whole on every device of a mesh's batch axes (its
+  vocabulary still split over ``tensor``): read by every chunk of the
+  loop, so gathered once before it rather than once per chunk.
+  """
+  return sharding.constrain(kernel, (None, 'vocab'))
+
+
+def _batch_shards(rows: int) -> int:
+  """How many ways the mesh in context splits a chunk of ``rows`` rows
+  over its batch axes (1 without a mesh, or where they do not divide)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES
+                        if a in mesh.axis_names]))
+  return shards if rows % shards == 0 else 1
+
+
+def _split_rows(x: jax.Array, shards: int) -> jax.Array:
+  """x [C, ...] -> [shards, C / shards, ...]: each batch shard's rows."""
+  return x.reshape(shards, x.shape[0] // shards, *x.shape[1:])
+
+
+def _per_shard(partial: jax.Array) -> jax.Array:
+  """partial [shards, D, V]: one slot per batch shard, each on its shard
+  (the vocabulary split over ``tensor``)."""
+  return sharding.constrain(partial, ('batch', None, 'vocab'))
+
+
+def _by_rows(rows: jax.Array) -> jax.Array:
+  """A chunk's rows [C, ...] split over the mesh's batch axes."""
+  return sharding.constrain(rows, ('batch',) + (None,) * (rows.ndim - 1))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -122,7 +166,7 @@ def _token_losses(hidden: jax.Array, kernel: jax.Array, targets: jax.Array,
 def _token_losses_fwd(hidden, kernel, targets, label_smoothing, z_loss,
                       dtype):
   """Scans the chunks; keeps each row's log-normaliser for the backward."""
-  kernel_c = kernel.astype(dtype)
+  kernel_c = _gathered(kernel.astype(dtype))
   vocab = kernel.shape[-1]
 
   def chunk(_, xs):
@@ -153,7 +197,7 @@ def _token_losses_bwd(label_smoothing, z_loss, dtype, residuals, cotangents):
   """
   hidden, kernel, targets, lse = residuals
   g_loss, g_nll = cotangents
-  kernel_c = kernel.astype(dtype)
+  kernel_c = _gathered(kernel.astype(dtype))
   vocab = kernel.shape[-1]
 
   def chunk(d_kernel, xs):
@@ -173,14 +217,19 @@ def _token_losses_bwd(label_smoothing, z_loss, dtype, residuals, cotangents):
     d_logits = d_logits.astype(dtype)
     d_rows = jnp.einsum('CV,DV->CD', d_logits, kernel_c,
                         preferred_element_type=jnp.float32)
-    d_kernel = d_kernel + jnp.einsum('CD,CV->DV', rows.astype(dtype),
-                                     d_logits,
-                                     preferred_element_type=jnp.float32)
-    return d_kernel, d_rows.astype(hidden.dtype)
+    # Each device adds its own rows' share to its own partial sum, held
+    # on a leading axis of one slot per batch shard; the sum over devices
+    # waits for the loop's end (a reduce-scatter to the kernel's shards).
+    d_kernel = d_kernel + _per_shard(jnp.einsum(
+        'SCD,SCV->SDV', _split_rows(rows.astype(dtype), shards),
+        _split_rows(d_logits, shards), preferred_element_type=jnp.float32))
+    return d_kernel, _by_rows(d_rows.astype(hidden.dtype))
 
+  shards = _batch_shards(hidden.shape[1])
   d_kernel, d_hidden = jax.lax.scan(
-      chunk, jnp.zeros(kernel.shape, jnp.float32),
+      chunk, _per_shard(jnp.zeros((shards, *kernel.shape), jnp.float32)),
       (hidden, targets, lse, g_loss, g_nll))
+  d_kernel = d_kernel.sum(0)
   # Integer targets take a float0 cotangent, as custom_vjp requires.
   d_targets = np.zeros(targets.shape, jax.dtypes.float0)
   return d_hidden, d_kernel.astype(kernel.dtype), d_targets
