@@ -125,8 +125,12 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace]:
     return datasets.prepare(
         args.dataset, args.data_dir, tokenizer=args.tokenizer,
         vocab_size=args.vocab_size, model_type=args.model_type), args
-  cfg, _, rest = cli.parse_config_flags([PROG, *argv])
-  args = parse_args(rest, with_config=True)
+  rest = cli.split_config_spec(argv)[1]
+  overrides = [a for a in rest if a.lstrip('-').startswith(
+      ('config.', 'noconfig.'))]
+  cfg, _, _ = cli.parse_config_flags([PROG, '--config', spec, *overrides])
+  args = parse_args([a for a in rest if a not in overrides],
+                    with_config=True)
   if args.data_dir:
     cfg.data.data_dir = args.data_dir
   return datasets.prepare_for(cfg.data, seq_len=cfg.get('seq_len'),

@@ -349,3 +349,21 @@ def test_the_trainer_refuses_a_store_made_with_another_tokenizer(tmp_path):
                      'the tokenizer_spm_unigram_300'):
     data.prepare_for(dict(cfg, tokenizer='sentencepiece', vocab_size=300),
                      refuse_other_tokenizer=True)
+
+
+def test_prepare_data_from_a_config_reports_its_speed(tmp_path, capsys):
+  import prepare_data
+  path = tmp_path / 'c.jsonl'
+  write_jsonl(str(path), [{'body': d} for d in DOCS])
+  rc = prepare_data.main(['--config', 'lm_shakespeare:tiny',
+                          '--config.data.name=files',
+                          f'--config.data.train_files={path}',
+                          '--config.data.text_key=body', '--workers', '1',
+                          f'--config.data.data_dir={tmp_path / "tfds"}',
+                          '--num_examples', '1'])
+  out = capsys.readouterr().out
+  assert rc == 0
+  assert 'dataset:    your_files/' in out
+  lines = [line for line in out.splitlines() if line.startswith('tokenized:')]
+  assert len(lines) == 2 and 'tokens/s per core' in lines[0]
+  assert 'the tokenizer library alone' in lines[0]
