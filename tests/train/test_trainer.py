@@ -103,7 +103,7 @@ def test_encoder_decoder_step_runs_sharded():
 
 @pytest.mark.parametrize('change, message', [
     (lambda c: c.model.update(num_heads=3), 'not divisible by num_heads=3'),
-    (lambda c: c.mesh.update(data=16), 'needs 16 devices but 8 are'),
+    (lambda c: c.mesh.update(data=16), 'config.mesh asks for 16 devices but'),
     (lambda c: c.mesh.update(data=2, fsdp=1, tensor=4),
      "mesh axis 'tensor' of size 4 does not divide"),
     (lambda c: setattr(c, 'batch_size', 6), 'Batch size 6 is not divisible'),
