@@ -71,6 +71,7 @@ def define_flags(values: flags.FlagValues) -> None:
       'accelerator target (e.g. v5p-128, h100-8) with its own compiler, '
       'here, without the hardware: exit 0 if it fits, 2 if not (needs pip '
       "install -e '.[aot]').")
+  target_flags.define_overlap(values)
   # Listed by --help as train.py's own flags.
   flags.adopt_module_key_flags(target_flags, flag_values=values)
   flags.DEFINE_bool('retain_host_memory', True, 'Keep freed host memory for '
@@ -127,6 +128,10 @@ def compile_for_target(values: flags.FlagValues) -> int:
 def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
   del argv  # parse_flags refused any argument that is not a flag
+  # Before JAX starts a backend (or a target's compiler): the compilers
+  # read their options once.
+  from jax_transformer.runtime import xla_options  # pylint: disable=g-import-not-at-top
+  xla_options.apply(on=values.xla_overlap)
   if values.aot_target:
     return compile_for_target(values)
   if values.retain_host_memory:

@@ -54,7 +54,7 @@ from jax_transformer.bench.rows import stream
 from jax_transformer.compile import flags as target_flags
 from jax_transformer.compile import prove, report
 from jax_transformer.errors import UsageError
-from jax_transformer.runtime import targets
+from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import memory
 
 MODELS = {'350m': 'lm_350m', '1.3b': 'lm_1_3b'}
@@ -83,6 +83,7 @@ def parse_args(argv):
   flags.DEFINE_string('mesh', '1,4,2', 'data,fsdp,tensor', flag_values=values)
   target_flags.define_target(values)
   target_flags.define_serialize(values)
+  target_flags.define_overlap(values)
   target_flags.define_output(values, 'the JSON lines')
   cfg, spec = target_flags.parse('compile_at_size.py', argv, values,
                                  __doc__, config='optional')
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   cfg, spec, args = parse_args(argv)
   if args.target is not None:
+    xla_options.apply(on=args.xla_overlap)
     return target_main(cfg, spec, args)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]

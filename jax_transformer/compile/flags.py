@@ -40,6 +40,17 @@ def define_target(values: flags.FlagValues, prefix: str = '',
                        flag_values=values)
 
 
+def define_overlap(values: flags.FlagValues) -> None:
+  """``--[no]xla_overlap``: the compilers' collective-overlap options
+  (``runtime/xla_options.py``), on by default."""
+  flags.DEFINE_bool('xla_overlap', True, 'Ask the TPU and GPU compilers to '
+                    'overlap collectives with compute (latency-hiding '
+                    'scheduler, asynchronous collectives: '
+                    'jax_transformer/runtime/xla_options.py); '
+                    '--noxla_overlap leaves their defaults.',
+                    flag_values=values)
+
+
 def define_output(values: flags.FlagValues,
                   what: str = 'the JSON rows') -> None:
   """``--output FILE``: where a script also writes its JSON rows."""

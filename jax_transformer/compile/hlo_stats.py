@@ -263,3 +263,51 @@ def collective_launches(hlo: str) -> int:
 def attention_kernels(hlo: str) -> list[str]:
   """The fused attention kernels the HLO calls ('cudnn', 'pallas')."""
   return [name for name, pattern in _KERNELS.items() if pattern.search(hlo)]
+
+
+# A TPU's asynchronous collectives: fusions named async-collective-start
+# and -done (their computations call the AsyncCollectiveStart and
+# AsyncCollectiveDone custom calls) and the async_collective_fusion
+# computations between them, which overlap compute with the transfer.
+_TPU_ASYNC = re.compile(r'^\s*(?:ROOT )?%?async-collective-(start|done)[\w.\-]* = ')
+_TPU_ASYNC_COMPUTATION = 'async_collective_fusion'
+
+
+def async_collectives(hlo: str) -> dict[str, dict[str, int]]:
+  """How the compiler scheduled each collective kind: {'async': {kind:
+  instructions}, 'sync': {kind: instructions}, 'pairs': {'start': n,
+  'done': n}} (each instruction once, not per loop trip).
+
+  Asynchronous is a start/done pair the scheduler may put compute
+  between: XLA:GPU's ``all-gather-start``/``all-gather-done`` (and
+  ``async-start``/``async-done`` wrapping a collective); a TPU's async
+  collective fusions (``async-collective-start``/``-done``, and the
+  ``async_collective_fusion`` computations that run between them).
+  """
+  comps, _ = _parsed(hlo)
+  inside = set()
+  pairs = {'start': 0, 'done': 0}
+  for lines in comps.values():
+    for line in lines:
+      tpu = _TPU_ASYNC.match(line)
+      match = _INSTRUCTION.match(line)
+      op = match.group(2) if match else ''
+      if tpu or op == 'async-start':
+        inside.update(c for _, c in _CALLED.findall(line))
+      kinds = COLLECTIVES + ('async',)
+      if tpu:
+        pairs[tpu.group(1)] += 1
+      elif op.endswith('-start') and op.removesuffix('-start') in kinds:
+        pairs['start'] += 1
+      elif op.endswith('-done') and op.removesuffix('-done') in kinds:
+        pairs['done'] += 1
+  counts = {'async': dict.fromkeys(COLLECTIVES, 0),
+            'sync': dict.fromkeys(COLLECTIVES, 0), 'pairs': pairs}
+  for name, op, _, _ in _instructions(comps):
+    kind = op.removesuffix('-start')
+    if kind not in COLLECTIVES:
+      continue
+    is_async = (op.endswith('-start') or name in inside
+                or name.startswith(_TPU_ASYNC_COMPUTATION))
+    counts['async' if is_async else 'sync'][kind] += 1
+  return counts

@@ -30,7 +30,7 @@ from jax_transformer.compile import hlo_stats, lowering, step_model
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
-from jax_transformer.runtime import targets
+from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import experiment, memory, perf, steps
 
 # A TPU step over HBM fails to compile with, e.g., "the total memory
@@ -172,7 +172,7 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
            slices: int = 1, serialize: str | None = None) -> dict[str, Any]:
   """One JSON row: cfg (named spec) compiled for target_name x slices."""
   target = targets.target(target_name)
-  devices = targets.devices(target, slices)
+  devices = target_devices(target, slices)
   platform = target.kernel_platform
   chip = targets.CHIPS[target.chip]
   kernel_note = None
@@ -219,6 +219,10 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
                   if step.refused},
       'attention_kernel': kernel_note or kernel,
       'attention_kernels_in_hlo': in_hlo,
+      'xla_options': xla_options.describe(target.kernel_platform),
+      'async_collectives': (
+          hlo_stats.async_collectives(train.compiled.as_text())
+          if train.compiled is not None else None),
   }
   row.update(roofline(train, cfg, setup, step_model.Rates.of_target(target),
                       len(devices)))
@@ -227,6 +231,15 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     _serialize(train.compiled, serialize)
     row['serialized'] = serialize
   return row
+
+
+def target_devices(target: targets.Target, slices: int = 1) -> list:
+  """The target's compile-only devices, its compiler started with the
+  collective-overlap options (``xla_options.apply``: unless turned off;
+  a compiler already started in this process keeps the options it
+  started with)."""
+  xla_options.apply([target.kernel_platform])
+  return targets.devices(target, slices)
 
 
 def _serialize(compiled, path: str) -> None:

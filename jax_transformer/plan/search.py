@@ -32,7 +32,7 @@ from jax_transformer.compile import lowering, report, step_model
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.model import attention, sharding
 from jax_transformer.plan import candidates as cands
-from jax_transformer.runtime import targets
+from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import experiment, memory, perf, steps
 
 # The estimate is within ~20% of the TPU compiler's figure
@@ -60,7 +60,7 @@ class Where:
   @classmethod
   def target(cls, name: str, slices: int = 1) -> 'Where':
     t = targets.target(name)
-    devices = tuple(targets.devices(t, slices))
+    devices = tuple(report.target_devices(t, slices))
     return cls(name, devices, t.kernel_platform, step_model.Rates.of_target(t),
                slices)
 
@@ -114,7 +114,8 @@ class Cache:
   def key(self, lowered, where: Where) -> str:
     text = lowered.as_text()
     salt = (f'{where.name}/{where.slices}/{where.platform}/'
-            f'{jax.__version__}/{COST_VERSION}')
+            f'{jax.__version__}/{COST_VERSION}/'
+            f'{xla_options.describe(where.platform)}')
     return hashlib.sha256((salt + '\n' + text).encode()).hexdigest()[:32]
 
   def get(self, key: str) -> dict | None:

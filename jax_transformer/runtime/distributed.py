@@ -24,7 +24,7 @@ import threading
 import jax
 from jax._src import distributed as jax_distributed
 
-from jax_transformer.runtime import cluster, liveness
+from jax_transformer.runtime import cluster, liveness, xla_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,10 @@ def initialize(coordinator_address: str | None = None,
 
 def describe_job() -> str:
   """One line on the job this process is in, e.g. 'Job: 2 processes (this
-  is 0), 1 cpu device each (cpu), 1 slice.'"""
+  is 0), 1 cpu device each (cpu), 1 slice.'; on TPUs and GPUs it names
+  the collective-overlap options in force too (``xla_options.describe``),
+  e.g. '... 1 slice. XLA overlap: lhs, async-fusion, ... (LIBTPU_INIT_ARGS).'
+  """
   devices = jax.devices()
   per_process = collections.Counter(d.process_index for d in devices)
   counts = sorted(set(per_process.values()))
@@ -132,10 +135,13 @@ def describe_job() -> str:
   local = jax.local_devices()[0]
   slices = len({getattr(d, 'slice_index', 0) for d in devices})
   processes = jax.process_count()
+  overlap = (f' {xla_options.describe(local.platform)}.'
+             if xla_options.platform_of(local.platform) else '')
   return (f'Job: {_plural(processes, "process", "processes")} (this is '
           f'{jax.process_index()}), {each} {local.platform} '
           f'device{"" if counts[-1] == 1 else "s"} each '
-          f'({local.device_kind}), {_plural(slices, "slice", "slices")}.')
+          f'({local.device_kind}), {_plural(slices, "slice", "slices")}.'
+          + overlap)
 
 
 def _plural(count: int, one: str, many: str) -> str:

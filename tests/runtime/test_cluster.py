@@ -11,7 +11,7 @@ from jax._src import cloud_tpu_init
 from jax._src.clusters import cloud_tpu_cluster
 from tpu_vm_stand_in import MetadataServer
 
-from jax_transformer.runtime import cluster, distributed
+from jax_transformer.runtime import cluster, distributed, xla_options
 from jax_transformer.runtime.cluster import Plan, local_device_ids
 
 # What a launcher or a machine sets; none of it may leak in from the
@@ -215,4 +215,5 @@ def test_the_start_line_counts_processes_devices_and_slices(monkeypatch):
   monkeypatch.setattr(jax, 'process_count', lambda: 4)
   monkeypatch.setattr(jax, 'process_index', lambda: 1)
   assert distributed.describe_job() == (
-      'Job: 4 processes (this is 1), 4 tpu devices each (TPU v5p), 2 slices.')
+      'Job: 4 processes (this is 1), 4 tpu devices each (TPU v5p), 2 slices.'
+      f' {xla_options.describe("tpu")}.')

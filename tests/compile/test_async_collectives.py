@@ -1,0 +1,98 @@
+# ruff: noqa: E501 (HLO text is one instruction a line)
+"""Collectives the compilers schedule asynchronously (start/done pairs),
+read from the optimized HLO; and the overlap options reaching a target's
+compiler (``runtime/xla_options.py``)."""
+
+import json
+
+import pytest
+from test_target_compile import GPU_COMPILER, compile_at_size, needs_gpu, needs_tpu
+
+from jax_transformer.compile import hlo_stats
+
+# XLA:GPU's form: an all-gather split into start and done, and a
+# synchronous all-reduce.
+GPU_HLO = """HloModule m
+
+ENTRY %main (b: bf16[64], c: f32[8]) -> bf16[256] {
+  %b = bf16[64]{0} parameter(0)
+  %c = f32[8]{0} parameter(1)
+  %all-gather-start = (bf16[64]{0}, bf16[256]{0}) all-gather-start(%b), dimensions={0}
+  %all-reduce.2 = f32[8]{0} all-reduce(%c), to_apply=%add
+  ROOT %all-gather-done = bf16[256]{0} all-gather-done(%all-gather-start)
+}
+"""
+
+# A TPU's form: an async collective fusion (start and done fusions around
+# the all-gather) and a synchronous all-reduce.
+TPU_HLO = """HloModule m
+
+%fused_computation.1 (p: bf16[64]) -> (bf16[64], bf16[256]) {
+  %p = bf16[64]{0} parameter(0)
+  %all-gather.1 = bf16[256]{0} all-gather(%p), dimensions={0}
+  ROOT %custom-call.1 = (bf16[64]{0}, bf16[256]{0}) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%fused_computation.2 (q: (bf16[64], bf16[256])) -> bf16[256] {
+  %q = (bf16[64]{0}, bf16[256]{0}) parameter(0)
+  ROOT %custom-call.2 = bf16[256]{0} custom-call(%q), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (b: bf16[64], c: f32[8]) -> bf16[256] {
+  %b = bf16[64]{0} parameter(0)
+  %c = f32[8]{0} parameter(1)
+  %async-collective-start.1 = (bf16[64]{0}, bf16[256]{0}) fusion(%b), kind=kCustom, calls=%fused_computation.1
+  %all-reduce.2 = f32[8]{0} all-reduce(%c), to_apply=%add
+  ROOT %async-collective-done.1 = bf16[256]{0} fusion(%async-collective-start.1), kind=kCustom, calls=%fused_computation.2
+}
+"""
+
+
+@pytest.mark.parametrize('hlo', [GPU_HLO, TPU_HLO], ids=['gpu', 'tpu'])
+def test_start_done_pairs_are_counted_as_async(hlo):
+  counts = hlo_stats.async_collectives(hlo)
+  assert counts['pairs'] == {'start': 1, 'done': 1}
+  assert counts['async']['all-gather'] == 1
+  assert counts['sync']['all-reduce'] == 1
+  assert counts['sync']['all-gather'] == counts['async']['all-reduce'] == 0
+
+
+# A tiny LM over 4 (TPU) or 8 (GPU) devices on fsdp: its weights are
+# gathered and its gradients reduced every layer.
+TINY = ('--config', 'lm_shakespeare:tiny', '--config.batch_size=16',
+        '--config.seq_len=128', '--config.model.max_len=128',
+        '--config.mesh.data=1')
+
+
+def assert_overlapped(row, variable):
+  assert row['xla_options'].startswith('XLA overlap: lhs, ')
+  assert row['xla_options'].endswith(f'({variable})')
+  counts = row['async_collectives']
+  assert counts['pairs']['start'] == counts['pairs']['done'] > 0
+  assert sum(counts['async'].values()) > 0
+
+
+@needs_tpu
+@pytest.mark.slow
+def test_a_sharded_step_for_a_tpu_has_async_collectives():
+  out = compile_at_size('--target', 'v5e-4', *TINY, '--config.mesh.fsdp=4')
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['mesh']['fsdp'] == 4
+  assert_overlapped(row, 'LIBTPU_INIT_ARGS')
+  # The layers' weights are gathered in async collective fusions.
+  assert row['async_collectives']['async']['all-gather'] > 0
+
+
+@needs_gpu
+@pytest.mark.slow
+def test_a_sharded_step_for_h100s_has_async_collectives():
+  out = compile_at_size('--target', 'h100-8', *TINY, '--config.mesh.fsdp=8',
+                        pythonpath=GPU_COMPILER)
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['mesh']['fsdp'] == 8
+  assert_overlapped(row, 'XLA_FLAGS')
+  counts = row['async_collectives']
+  # XLA:GPU starts every collective of this step asynchronously.
+  assert sum(counts['sync'].values()) == 0
