@@ -3,17 +3,25 @@
     python scripts/target_table.py                     # every pair below
     python scripts/target_table.py --configs lm_1_3b --targets v5p-128
 
+    python scripts/target_table.py --configs lm_350m --targets v5e-256 \
+        --layouts shipped,planner --nolargest_batch
+
 Each (config, target) pair is compiled by ``compile_at_size.py --target``
 in a process of its own (a GPU target must be the first thing a process
-compiles for), with the config as shipped. The rows go to --output as JSON
+compiles for) at the rows a run would take (``ROWS_PER_STEP``), in the
+config's own layout and/or (``--layouts planner``) the one
+``scripts/plan.py`` finds fastest. The rows go to --output as JSON
 lines; the table (markdown) to stdout: per-chip memory by the target's
 compiler against the chip's, the pre-flight estimate's ratio to it,
-compile time, the roofline MFU bound, and the largest global batch that
-fits (per-chip memory is affine in the batch: a second compile at half or
-twice the batch gives its slope). A GPU pair that does not fit one host is
-compiled again for eight hosts (h100-64, h200-64). A pair that fails to compile is a
-row saying why. Needs ``pip install -e '.[aot]'`` (and the GPU compiler for
-h100/h200 targets, see docs/scaling.md).
+compile time, collective bytes per chip and step, the roofline MFU bound
+and what limits it, and the largest global batch that fits (per-chip
+memory is affine in the batch: a second compile at half or twice the
+batch gives its slope), and whether the compilers' overlap options were
+on (``runtime/xla_options.py``). A GPU pair that does not fit one host is
+compiled again for eight hosts (h100-64, h200-64). A pair that fails to
+compile is a line under the table saying why, never a cell. Needs ``pip
+install -e '.[aot]'`` (and the GPU compiler for h100/h200 targets, see
+docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -35,11 +43,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ('wmt_base', 'wmt_base:big', 'gpt2_small', 'lm_350m', 'lm_1_3b',
            'lm_7b')
 TARGETS = ('v5e-256', 'v5p-128', 'v6e-256', 'h100-8')
-# The batch each model is compiled at: a million tokens a step for the
-# large language models (the scale they are trained at); rounded up to a
-# row per chip where the shipped batch is smaller.
-TOKENS_PER_STEP = {'lm_1_3b': 1024, 'lm_7b': 512}
+# The rows each model is compiled at: the language models at about a
+# million tokens a step (the scale they are trained at: 1024 rows of 1024,
+# 512 of 2048); translation at the paper's ~25k source and ~25k target
+# tokens a batch (the shipped 128 packed rows of 256). Rounded up to a row
+# per chip, unless tensor parallelism can take the chips a row short
+# (``mesh_flags``).
+ROWS_PER_STEP = {'gpt2_small': 1024, 'lm_350m': 1024, 'lm_1_3b': 1024,
+                 'lm_7b': 512}
 GB = 1e9
+# A failed compile's stderr: the exception's own line (dotted names too,
+# jax.errors.JaxRuntimeError), not JAX's note on filtered frames after it.
+_RAISED = re.compile(r'^[\w.]*(Error|Exception|Exhausted)\b.*?: ')
+_NOTES = ('For simplicity, JAX has removed', '----')
 
 
 def parse_args(argv=None):
@@ -52,6 +68,14 @@ def parse_args(argv=None):
                     flag_values=values)
   flags.DEFINE_float('timeout', 1800, 'seconds one compile may take',
                      flag_values=values)
+  flags.DEFINE_list('layouts', ['shipped'], "'shipped' (the config's own "
+                    "layout) and/or 'planner' (the layout scripts/plan.py "
+                    'finds fastest at the same rows, within --plan_budget_s)',
+                    flag_values=values)
+  flags.DEFINE_float('plan_budget_s', 900, 'seconds the planner may take '
+                     'for one pair', flag_values=values)
+  flags.DEFINE_bool('largest_batch', True, 'compile each pair a second time '
+                    'for its largest batch', flag_values=values)
   target_flags.define_output(values)
   argv = sys.argv[1:] if argv is None else list(argv)
   target_flags.parse('target_table.py', argv, values, __doc__, config='never')
@@ -61,6 +85,10 @@ def parse_args(argv=None):
                        f'{", ".join(targets.TARGETS)}.')
   for spec in values.configs:
     cli.config_path(spec.partition(':')[0])  # a missing one: one line
+  unknown = set(values.layouts) - {'shipped', 'planner'}
+  if unknown or not values.layouts:
+    raise UsageError(f'--layouts takes shipped and planner, got '
+                     f'{",".join(values.layouts)}.')
   return values
 
 
@@ -77,13 +105,20 @@ def compile_pair(config: str, target: str, timeout: float,
     return {'config': config, 'target': target,
             'error': f'no compile within {timeout:.0f} s'}
   if out.returncode:
-    lines = out.stderr.strip().splitlines() or ['(no output)']
-    # The exception's own line, not JAX's note on filtered frames after it.
-    raised = [line for line in lines if re.match(r'\w+(Error|Exception): ',
-                                                 line)]
     return {'config': config, 'target': target,
-            'error': (raised or lines)[-1]}
+            'error': failure(out.stderr)}
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def failure(stderr: str) -> str:
+  """Why a compile failed, in one line: the exception raised (its last
+  line that names one), else the last line that is not one of JAX's
+  notes."""
+  lines = [line.strip() for line in stderr.strip().splitlines()
+           if line.strip()]
+  raised = [line for line in lines if _RAISED.match(line)]
+  told = [line for line in lines if not line.startswith(_NOTES)]
+  return (raised or told or ['(no output)'])[-1]
 
 
 def largest_batch(row: dict, timeout: float) -> int | None:
@@ -95,7 +130,8 @@ def largest_batch(row: dict, timeout: float) -> int | None:
   other = half if half and half % shards == 0 else 2 * shipped
   second = compile_pair(row['config'], row['target'], timeout,
                         f'--config.batch_size={other}',
-                        f'--config.eval_batch_size={other}')
+                        f'--config.eval_batch_size={other}',
+                        *row.get('layout_flags', ()))
   need, need2 = row['per_chip_bytes'], second.get('per_chip_bytes')
   if not need or not need2:
     return None
@@ -107,31 +143,53 @@ def largest_batch(row: dict, timeout: float) -> int | None:
   return max(0, int(rows // shards) * shards)
 
 
+def _cell(text) -> str:
+  """A table cell: one line, no column bar."""
+  return ' '.join(str(text).split()).replace('|', '/')
+
+
 def markdown(rows: list[dict]) -> str:
-  """The rows as the docs' table."""
-  lines = ['| config | target | mesh | rows x tokens | per chip (compiler) '
-           '| fits | largest batch | estimate / compiler | compile '
-           '| MFU bound | attention |',
-           '|---|---|---|---|---:|---|---:|---:|---:|---:|---|']
+  """The rows as the docs' table; a pair that failed to compile is a line
+  under the table saying why, never a cell."""
+  lines = ['| config | target | layout | mesh | rows x tokens '
+           '| per chip (compiler) | fits | largest batch | estimate / compiler '
+           '| compile | collectives / chip | MFU bound (limited by) '
+           '| attention | XLA overlap |',
+           '|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---|']
+  failed = []
   for r in rows:
     if 'error' in r:
-      lines.append(f'| `{r["config"]}` | `{r["target"]}` | | | | '
-                   f'{r["error"]} | | | | | |')
+      failed.append(f'- `{r["config"]}` on `{r["target"]}` did not compile: '
+                    f'{_cell(r["error"])}')
       continue
     mesh = ' x '.join(f'{k} {v}' for k, v in r['mesh'].items() if v > 1)
     need = r['per_chip_bytes'] or 0
     ratio = f'{r["estimate_bytes"] / need:.2f}x' if need else '-'
-    mfu = (f'{r["mfu_bound"]:.0%}' if r.get('mfu_bound') is not None
-           else '-')
+    mfu = (f'{r["mfu_bound"]:.0%} ({limit(r)})'
+           if r.get('mfu_bound') is not None else '-')
     fits = 'yes' if r['fits'] else f'no (+{r["over_by_bytes"] / GB:.1f} GB)'
     largest = r.get('largest_batch')
-    lines.append(
-        f'| `{r["config"]}` | `{r["target"]}` | {mesh or "1"} | '
-        f'{r["batch_size"]} x {r["seq_len"]} | {need / GB:.1f} of '
-        f'{r["chip_memory_bytes"] / GB:.1f} GB | {fits} | '
-        f'{largest if largest is not None else "-"} | {ratio} | '
-        f'{r["compile_s"]:.0f} s | {mfu} | {r["attention_kernel"]} |')
-  return '\n'.join(lines)
+    moved = r.get('collective_bytes')
+    moved = f'{sum(moved.values()) / GB:.1f} GB' if moved else '-'
+    overlap = r.get('xla_options', '-').removeprefix('XLA overlap: ')
+    overlap = 'on' if '(' in overlap else overlap
+    cells = [f'`{r["config"]}`', f'`{r["target"]}`',
+             r.get('layout', 'shipped'), mesh or '1',
+             f'{r["batch_size"]} x {r["seq_len"]}',
+             f'{need / GB:.1f} of {r["chip_memory_bytes"] / GB:.1f} GB', fits,
+             largest if largest is not None else '-', ratio,
+             f'{r["compile_s"]:.0f} s', moved, mfu, r['attention_kernel'],
+             overlap]
+    lines.append('| ' + ' | '.join(_cell(c) for c in cells) + ' |')
+  return '\n'.join(lines + ([''] + failed if failed else []))
+
+
+def limit(row: dict) -> str:
+  """What bounds the row's step: compute, HBM or links."""
+  parts = {'compute': row.get('compute_bound_s') or 0,
+           'HBM': row.get('hbm_bound_s') or 0,
+           'links': row.get('link_bound_s') or 0}
+  return max(parts, key=parts.get)
 
 
 @cli.entry_point('target_table.py')
@@ -140,7 +198,10 @@ def main(argv=None) -> int:
   rows = []
   for target in args.targets:
     for config in args.configs:
-      for row in pair_rows(config, target, args.timeout):
+      for row in (r for layout in args.layouts
+                  for r in pair_rows(config, target, args.timeout,
+                                     args.largest_batch, layout,
+                                     args.plan_budget_s)):
         print(f'{config} on {row["target"]}: '
               f'{row.get("error") or "compiled"}', file=sys.stderr,
               flush=True)
@@ -153,26 +214,95 @@ def main(argv=None) -> int:
 
 
 def table_batch(config: str, target: str) -> int:
-  """The global batch a pair is compiled at (see TOKENS_PER_STEP)."""
-  name = config.partition(':')[0]
-  shipped = TOKENS_PER_STEP.get(name) or cli.load_config(config).batch_size
+  """The global batch a pair is compiled at (see ROWS_PER_STEP): the
+  intended rows, or a row per chip where tensor parallelism cannot take
+  the chips a row short."""
+  rows = intended_rows(config)
+  if mesh_flags(config, target):
+    return rows
   chips = targets.target(target).chips
-  return -(-shipped // chips) * chips
+  return -(-rows // chips) * chips
 
 
-def pair_rows(config: str, target: str, timeout: float) -> list[dict]:
-  """The pair's row with its largest batch; for a GPU host it does not
-  fit, the eight-host target's row too."""
+def intended_rows(config: str) -> int:
+  name = config.partition(':')[0]
+  return ROWS_PER_STEP.get(name) or cli.load_config(config).batch_size
+
+
+def mesh_flags(config: str, target: str) -> list[str]:
+  """For a batch of fewer rows than chips (translation at the paper's
+  batch on a pod): a row per data shard and the rest of the chips on
+  tensor, where that many divide the heads (at most 8, one host's or a
+  TPU's nearest neighbours); else none."""
+  rows, chips = intended_rows(config), targets.target(target).chips
+  if rows >= chips or chips % rows:
+    return []
+  tensor = chips // rows
+  heads = cli.load_config(config).model.num_heads
+  if tensor > 8 or heads % tensor:
+    return []
+  return [f'--config.mesh.data={rows}', '--config.mesh.fsdp=1',
+          f'--config.mesh.tensor={tensor}']
+
+
+def planned_flags(config: str, target: str, batch: int, budget_s: float,
+                  timeout: float) -> list[str] | str:
+  """The --config flags of the layout scripts/plan.py finds fastest for
+  the pair at ``batch`` rows an update (float32 parameters: the config's
+  numerics), or why there is none."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
+  try:
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, 'plan.py'), '--target', target,
+         '--config', config, f'--global_batch={batch}',
+         f'--budget_s={budget_s}', '--param_dtypes=float32', '--output',
+         '/dev/stdout'], env=env, capture_output=True, text=True,
+        timeout=budget_s + timeout)
+  except subprocess.TimeoutExpired:
+    return f'no plan within {budget_s + timeout:.0f} s'
+  rows = [json.loads(line) for line in out.stdout.splitlines()
+          if line.startswith('{')]
+  best = next((r for r in rows if r.get('rank') == 1), None)
+  if out.returncode or best is None:
+    return failure(out.stderr) if out.returncode else 'no layout fits'
+  return ([f'--config.mesh.{k}={best[k]}' for k in ('data', 'fsdp', 'tensor')]
+          + [f'--config.model.remat={best["remat"]}',
+             f'--config.model.param_dtype={best["param_dtype"]}',
+             f'--config.loss_chunk_size={best["loss_chunk_size"]}',
+             f'--config.batch_size={best["batch_size"]}',
+             f'--config.eval_batch_size={best["batch_size"]}',
+             f'--config.optim.grad_accum_steps={best["grad_accum_steps"]}'])
+
+
+def pair_rows(config: str, target: str, timeout: float,
+              largest: bool = True, layout: str = 'shipped',
+              plan_budget_s: float = 900) -> list[dict]:
+  """The pair's row in the layout (with its largest batch unless
+  ``largest`` is False); for a GPU host it does not fit, the eight-host
+  target's row too."""
   batch = table_batch(config, target)
-  row = compile_pair(config, target, timeout, f'--config.batch_size={batch}',
-                     f'--config.eval_batch_size={batch}')
+  if layout == 'planner':
+    flags_ = planned_flags(config, target, batch, plan_budget_s, timeout)
+    if isinstance(flags_, str):
+      return [{'config': config, 'target': target, 'layout': layout,
+               'error': f'planner: {flags_}'}]
+  else:
+    flags_ = [f'--config.batch_size={batch}',
+              f'--config.eval_batch_size={batch}',
+              *mesh_flags(config, target)]
+  row = compile_pair(config, target, timeout, *flags_)
+  row.update(layout=layout, layout_flags=[
+      f for f in flags_ if not f.startswith(('--config.batch_size',
+                                             '--config.eval_batch_size'))])
   if 'error' in row:
     return [row]
-  row['largest_batch'] = largest_batch(row, timeout)
+  row['largest_batch'] = largest_batch(row, timeout) if largest else None
   hosts = target.replace('-8', '-64')
   if row['fits'] or hosts == target or hosts not in targets.TARGETS:
     return [row]
-  return [row] + pair_rows(config, hosts, timeout)
+  if layout != 'shipped':
+    return [row]
+  return [row] + pair_rows(config, hosts, timeout, largest)
 
 
 if __name__ == '__main__':

@@ -19,6 +19,10 @@ import ml_collections
 REMATS = ('none', 'dots', 'full')
 PARAM_DTYPES = ('float32', 'bfloat16')
 LOSS_CHUNKS = (0, 8192)
+# And a chunk of this many token rows on each batch shard (512 x data x
+# fsdp rows): on a pod, 8192 rows a chunk are a few dozen a chip, and each
+# chunk reads the whole head (and its float32 gradient) from HBM again.
+SHARD_CHUNK_ROWS = 512
 MAX_TENSOR = 8        # one host's NVLink, or a TPU's nearest neighbours
 MAX_ACCUMULATION = 16
 
@@ -120,8 +124,11 @@ def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
   kv_heads = m.get('num_kv_heads') or heads
   chunks = sorted({*LOSS_CHUNKS, int(cfg.get('loss_chunk_size') or 0)})
   out = []
-  for (data, fsdp, tensor), remat, dtype, chunk in itertools.product(
-      meshes(chips, heads, kv_heads), REMATS, param_dtypes, chunks):
+  layouts = [(mesh, remat, dtype, chunk) for mesh in meshes(
+      chips, heads, kv_heads) for remat, dtype, chunk in itertools.product(
+          REMATS, param_dtypes,
+          sorted({*chunks, SHARD_CHUNK_ROWS * mesh[0] * mesh[1]}))]
+  for (data, fsdp, tensor), remat, dtype, chunk in layouts:
     if data % slices:
       continue
     for accum in _divisors(global_batch):

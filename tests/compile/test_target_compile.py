@@ -260,16 +260,50 @@ def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
          'largest_batch': 896}
   failed = {'config': 'wmt_base', 'target': 'h100-8',
             'error': 'no compile within 1800 s'}
+  row.update(collective_bytes={'all-reduce': 3.0e9, 'all-gather': 0.2e9},
+             compute_bound_s=0.3, hbm_bound_s=0.1, link_bound_s=0.01,
+             xla_options='XLA overlap: lhs, ag (LIBTPU_INIT_ARGS)')
   lines = table.markdown([row, failed]).splitlines()
-  assert lines[2] == ('| `lm_7b` | `v5p-128` | fsdp 64 | 512 x 2048 | 63.2 '
-                      'of 102.0 GB | yes | 896 | 0.85x | 97 s | 100% '
-                      '| splash |')
-  assert 'no compile within 1800 s' in lines[3]
+  assert lines[2] == ('| `lm_7b` | `v5p-128` | shipped | fsdp 64 | 512 x '
+                      '2048 | 63.2 of 102.0 GB | yes | 896 | 0.85x | 97 s '
+                      '| 3.2 GB | 100% (compute) | splash | on |')
+  # A failure is a line under the table, never a cell.
+  assert len(lines) == 5 and lines[3] == ''
+  assert lines[4] == ('- `wmt_base` on `h100-8` did not compile: no compile '
+                      'within 1800 s')
   with pytest.raises(UsageError, match='--targets: unknown v9-8'):
     table.parse_args(['--targets', 'v9-8'])
   assert table.main(['--targets', 'v9-8']) == 2
   assert table.parse_args(['--targets', 'v5e-4,h100-8']).targets == [
       'v5e-4', 'h100-8']
+
+
+def test_a_failed_compile_is_its_exception_not_jaxs_note():
+  table = script_helpers.load_script('target_table')
+  stderr = ('Traceback (most recent call last):\n  File "x.py", line 1\n'
+            'jax.errors.JaxRuntimeError: INTERNAL: ptxas exited\n'
+            '--------------------\nFor simplicity, JAX has removed its '
+            'internal frames from the traceback of the following exception. '
+            'Set JAX_TRACEBACK_FILTERING=off to include these.\n')
+  assert table.failure(stderr) == (
+      'jax.errors.JaxRuntimeError: INTERNAL: ptxas exited')
+  assert table.failure('ValueError: bad\n') == 'ValueError: bad'
+  assert table.failure('') == '(no output)'
+
+
+def test_the_table_compiles_at_the_rows_a_run_takes():
+  table = script_helpers.load_script('target_table')
+  # The language models at about 1M tokens a step.
+  assert table.table_batch('gpt2_small', 'v5e-256') == 1024
+  assert table.table_batch('lm_7b', 'v5p-128') == 512
+  # Translation at the paper's ~25k tokens a side: 128 rows of 256 on 256
+  # chips is 128 data shards x tensor 2 (8 heads).
+  assert table.table_batch('wmt_base', 'v5e-256') == 128
+  assert table.mesh_flags('wmt_base', 'v5e-256') == [
+      '--config.mesh.data=128', '--config.mesh.fsdp=1',
+      '--config.mesh.tensor=2']
+  assert table.mesh_flags('wmt_base', 'v5p-128') == []
+  assert table.table_batch('wmt_base', 'h100-8') == 128
 
 
 def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
