@@ -36,6 +36,12 @@ Formats:
                config and step in the file's metadata; OUT's stem +
                .tokenizer/: the tokenizer.
 
+A LoRA run (config.lora.rank > 0) is exported merged: every format holds
+W + (alpha / r) A B in each adapted kernel, a plain model. With --format hf
+--lora_adapter_only, OUT/ holds the adapters alone, as PEFT writes them
+(adapter_config.json + adapter_model.safetensors), for
+peft.PeftModel.from_pretrained(base, OUT) on the init_from model.
+
 --verify loads the export with PyTorch (transformers for GPT-2; for
 safetensors, a JAX model rebuilt from the file alone) and compares its
 logits with the JAX model on two batches of the workdir's validation data
@@ -59,6 +65,7 @@ import sys
 from typing import Sequence
 
 from jax_transformer import cli
+from jax_transformer.errors import UsageError
 from jax_transformer.interop import exporter as export_lib
 from jax_transformer.train import restore
 
@@ -79,6 +86,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='file to write (a directory for --format hf)')
   p.add_argument('--step', type=int, default=None,
                  help='checkpoint step (default: the latest)')
+  p.add_argument('--lora_adapter_only', action='store_true',
+                 help='a LoRA run, --format hf: write its adapters alone as '
+                      'a PEFT folder (adapter_config.json + '
+                      'adapter_model.safetensors), not the merged model')
   p.add_argument('--verify', action='store_true',
                  help='compare the export\'s logits with the JAX model\'s')
   p.add_argument('--tolerance', type=float, default=export_lib.TOLERANCE,
@@ -89,6 +100,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.lora_adapter_only:
+    if args.format != 'hf' or args.verify:
+      raise UsageError('--lora_adapter_only writes a PEFT folder: give '
+                       '--format hf, without --verify.')
+    step, notes = export_lib.write_lora_adapter(args.workdir, args.step,
+                                                args.out)
+    for note in notes:
+      print(note)
+    print(f'Wrote the LoRA adapters of step {step} of {args.workdir} to '
+          f'{args.out} (PEFT).')
+    return 0
   trained = restore.load_model(args.workdir, args.step)
   for note in export_lib.write(trained, args.format, args.out):
     print(note)

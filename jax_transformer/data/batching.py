@@ -10,6 +10,9 @@ Language model (B batch, T length)::
   targets      [B, T]  the next token at each position
   segment_ids  [B, T]  1, 2, ... per sequence in the row; 0 on padding
   positions    [B, T]  0, 1, ... restarting at each sequence; 0 on padding
+  loss_mask    [B, T]  instruction data only (``instruction_layout``): 1
+                       where the target is a completion token (or its EOS),
+                       0 on the prompt, so only completions train
 
 Translation (S source length, T target length)::
 
@@ -21,10 +24,15 @@ Translation (S source length, T target length)::
   tgt_segment_ids  [B, T]
   tgt_positions    [B, T]
 
+Rows are framed with the tokenizer's own BOS and EOS (``markers``: a GPT-2
+or Llama 3 tokenizer's, the reserved ids 1 and 2 of the project's own
+tokenizers).
+
 The loss weights are ``segment_ids > 0`` (``tgt_segment_ids > 0`` for
-translation): padding has segment 0 and every real token a positive one. An
-unpacked row holds one sequence (segment 1); a packed row holds several whole
-sequences one after another, and attention must not cross a segment boundary
+translation), times ``loss_mask`` where a batch has one: padding has
+segment 0 and every real token a positive one. An unpacked row holds one
+sequence (segment 1); a packed row holds several whole sequences one after
+another, and attention must not cross a segment boundary
 (the models do this given ``segment_ids``).
 """
 
@@ -60,6 +68,12 @@ def lm_layout(seq_len: int) -> Layout:
   return (Group(('inputs', 'targets'), seq_len, 'segment_ids', 'positions'),)
 
 
+def instruction_layout(seq_len: int) -> Layout:
+  """lm_layout plus loss_mask [B, T] (see ``instruction_example``)."""
+  return (Group(('inputs', 'targets', 'loss_mask'), seq_len, 'segment_ids',
+                'positions'),)
+
+
 def translation_layout(src_len: int, tgt_len: int) -> Layout:
   """src [B, S] and tgt_in/tgt_out [B, T], each side with its own segments."""
   return (Group(('src',), src_len, 'src_segment_ids', 'src_positions'),
@@ -93,31 +107,58 @@ def _framed(first: int | None, ids: np.ndarray, last: int | None
   return out
 
 
-def lm_example(ids: Sequence[int]) -> dict[str, np.ndarray]:
+def markers(tokenizer: Any) -> tuple[int, int]:
+  """(BOS, EOS) that rows are framed with: the tokenizer's own (a GPT-2
+  tokenizer's <|endoftext|> is both; one without BOS starts rows with its
+  EOS), else the reserved ids 1 and 2 (the project's own tokenizers have
+  exactly those, so their batches are unchanged)."""
+  bos = getattr(tokenizer, 'bos_id', None)
+  eos = getattr(tokenizer, 'eos_id', None)
+  return (bos if bos is not None else eos if eos is not None else BOS_ID,
+          eos if eos is not None else EOS_ID)
+
+
+def lm_example(ids: Sequence[int], bos: int = BOS_ID, eos: int = EOS_ID
+               ) -> dict[str, np.ndarray]:
   """One sequence for next-token prediction: [BOS]+ids -> ids+[EOS] (L+1)."""
   ids = _ids(ids)
-  return {'inputs': _framed(BOS_ID, ids, None),
-          'targets': _framed(None, ids, EOS_ID)}
+  return {'inputs': _framed(bos, ids, None),
+          'targets': _framed(None, ids, eos)}
 
 
-def translation_example(src_ids: Sequence[int],
-                        tgt_ids: Sequence[int]) -> dict[str, np.ndarray]:
+def instruction_example(prompt_ids: Sequence[int],
+                        completion_ids: Sequence[int], bos: int = BOS_ID,
+                        eos: int = EOS_ID) -> dict[str, np.ndarray]:
+  """[BOS]+prompt+completion -> prompt+completion+[EOS], with loss_mask 1
+  on the completion's targets and its EOS only (P + C + 1 each)."""
+  prompt, completion = _ids(prompt_ids), _ids(completion_ids)
+  ids = np.concatenate([prompt, completion])
+  mask = np.zeros(len(ids) + 1, np.int32)
+  mask[len(prompt):] = 1
+  return {'inputs': _framed(bos, ids, None),
+          'targets': _framed(None, ids, eos), 'loss_mask': mask}
+
+
+def translation_example(src_ids: Sequence[int], tgt_ids: Sequence[int],
+                        bos: int = BOS_ID, eos: int = EOS_ID
+                        ) -> dict[str, np.ndarray]:
   """src+[EOS]; tgt_in = [BOS]+tgt and tgt_out = tgt+[EOS] (teacher forcing)."""
   src, tgt = _ids(src_ids), _ids(tgt_ids)
-  return {'src': _framed(None, src, EOS_ID),  # translation_source(src)
-          'tgt_in': _framed(BOS_ID, tgt, None),
-          'tgt_out': _framed(None, tgt, EOS_ID)}
+  return {'src': _framed(None, src, eos),  # translation_source(src)
+          'tgt_in': _framed(bos, tgt, None),
+          'tgt_out': _framed(None, tgt, eos)}
 
 
-def lm_prompt(ids: Sequence[int], stream: bool) -> list[int]:
+def lm_prompt(ids: Sequence[int], stream: bool, bos: int = BOS_ID
+              ) -> list[int]:
   """A prompt laid out as in training: a stream LM (lm_mode 'stream') saw
-  raw token windows, a per-example LM saw BOS first."""
-  return list(ids) if stream else [BOS_ID, *ids]
+  raw token windows, a per-example LM saw BOS first (``markers``)."""
+  return list(ids) if stream else [bos, *ids]
 
 
-def translation_source(ids: Sequence[int]) -> list[int]:
+def translation_source(ids: Sequence[int], eos: int = EOS_ID) -> list[int]:
   """A source sentence as in training: ids + [EOS]."""
-  return [*ids, EOS_ID]
+  return [*ids, eos]
 
 
 def empty_example(layout: Layout) -> dict[str, np.ndarray]:

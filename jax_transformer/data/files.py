@@ -10,6 +10,14 @@
 * Parquet (``.parquet``): one record per row, the same keys as columns;
 * TSV (``.tsv``, translation only): ``source<TAB>target`` per line, in the
   order of ``data.direction``;
+* instruction data (JSON lines, ``data.direction='prompt-completion'``):
+  ``{"prompt": ..., "completion": ...}`` per line, or chat messages
+  ``{"messages": [{"role": "user", "content": ...}, ...,
+  {"role": "assistant", "content": ...}]}`` rendered with :data:`CHAT`'s
+  template (every message but the last as the prompt, ending with the
+  assistant's header; the last, an assistant's, as the completion). A
+  decoder LM trains on the completion tokens only (``data.pipeline``,
+  ``batching.instruction_example``);
 
 each optionally compressed (``.gz``, ``.zst``). They are written once into
 the form the built-in datasets take, a TFDS ArrayRecord dataset::
@@ -57,6 +65,15 @@ TEXT_SUFFIXES = ('.txt', '.text', '.md')
 JSON_SUFFIXES = ('.jsonl', '.json', '.ndjson')
 COMPRESSIONS = ('.gz', '.zst', '.zstd')
 _GLOB_CHARS = '*?['
+# The two text features of instruction data (data.direction, read by
+# data.pipeline as a decoder LM's prompt and completion).
+INSTRUCTION_KEYS = ('prompt', 'completion')
+INSTRUCTION_DIRECTION = '-'.join(INSTRUCTION_KEYS)
+# The chat template: each message as CHAT.format(role=..., content=...);
+# the prompt ends with the assistant's header, CHAT_REPLY.
+CHAT = '<|{role}|>\n{content}\n'
+CHAT_REPLY = '<|assistant|>\n'
+CHAT_ROLES = ('system', 'user', 'assistant')
 
 
 def expand(patterns: str, field: str) -> list[str]:
@@ -246,9 +263,35 @@ def records(path: str, keys: Sequence[str]
     yield from _parquet_records(path, keys)
 
 
+def is_instruction(keys: Sequence[str]) -> bool:
+  return tuple(keys) == INSTRUCTION_KEYS
+
+
+def render_chat(messages: Any, where: str) -> dict[str, str]:
+  """{'prompt', 'completion'} of chat messages (see the module doc), or
+  UsageError naming the record."""
+  if not isinstance(messages, list) or not messages:
+    raise UsageError(f'{where}: "messages" must be a non-empty list of '
+                     '{"role": ..., "content": ...} objects.')
+  for m in messages:
+    if (not isinstance(m, dict) or m.get('role') not in CHAT_ROLES
+        or not isinstance(m.get('content'), str)):
+      raise UsageError(f'{where}: a message must be {{"role": one of '
+                       f'{", ".join(CHAT_ROLES)}, "content": a string}}, got '
+                       f'{json.dumps(m)[:80]}.')
+  if messages[-1]['role'] != 'assistant':
+    raise UsageError(f'{where}: the last message must be the assistant\'s '
+                     '(the completion that trains).')
+  prompt = ''.join(CHAT.format(**m) for m in messages[:-1]) + CHAT_REPLY
+  return {'prompt': prompt, 'completion': messages[-1]['content']}
+
+
 def _texts(record: Any, keys: Sequence[str], where: str) -> dict[str, str]:
   if not isinstance(record, dict):
     raise UsageError(f'{where}: not a JSON object.')
+  if (is_instruction(keys) and 'messages' in record
+      and 'prompt' not in record):
+    return render_chat(record['messages'], where)
   out = {}
   for key in keys:
     if key not in record:

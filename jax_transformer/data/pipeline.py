@@ -46,7 +46,7 @@ import numpy as np
 from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data import batching, mixture, token_store, workers
+from jax_transformer.data import batching, files, mixture, token_store, workers
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
@@ -54,7 +54,7 @@ from jax_transformer.data.datasets import (
   load_source,
   spec_for,
 )
-from jax_transformer.data.tokenizers import EOS_ID, ByteTokenizer, Tokenizer
+from jax_transformer.data.tokenizers import ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
 
 DIRECTIONS = ('en-de', 'de-en')
@@ -159,7 +159,7 @@ def stream_tokens(source, spec: DatasetSpec, tokenizer: Tokenizer
          else tokenizer.encode(spec.stream_separator))
   for i in range(len(source)):
     if i:
-      pieces.append([EOS_ID] if sep is None else sep)
+      pieces.append([batching.markers(tokenizer)[1]] if sep is None else sep)
     pieces.append(tokenizer.encode(as_text(source[i][spec.text_key])))
   flat = [t for p in pieces for t in p]
   return np.asarray(flat, dtype=np.int32)
@@ -169,7 +169,8 @@ def stored_stream(store, spec: DatasetSpec, tokenizer: Tokenizer
                   ) -> np.ndarray:
   """``stream_tokens`` from a token store: the same ids, nothing decoded."""
   ids, offsets = store.ids(spec.text_key), store.offsets(spec.text_key)
-  sep = np.asarray([EOS_ID] if spec.stream_separator is None
+  sep = np.asarray([batching.markers(tokenizer)[1]]
+                   if spec.stream_separator is None
                    else tokenizer.encode(spec.stream_separator), np.int32)
   n = len(offsets) - 1
   if n < 1:
@@ -202,23 +203,32 @@ def _lm_stream_dataset(tokens, spec, *, seq_len, local_batch,
   return ds.batch(local_batch, drop_remainder=True)
 
 
+def is_instruction(spec: DatasetSpec) -> bool:
+  """Instruction data (direction 'prompt-completion', see data/files.py):
+  a decoder LM's rows, trained on the completion only."""
+  return spec.task == 'translation' and files.is_instruction(spec.languages)
+
+
 def _example_fn(spec: DatasetSpec, cfg: DataConfig, tokenizer: Tokenizer):
   """Raw TFDS example -> token example (see batching)."""
-  if spec.task == 'lm':
-    return lambda ex: batching.lm_example(
-        tokenizer.encode(as_text(ex[spec.text_key])))
-  src_key, tgt_key = translation_keys(spec, cfg.direction)
-  return lambda ex: batching.translation_example(
-      tokenizer.encode(as_text(ex[src_key])),
-      tokenizer.encode(as_text(ex[tgt_key])))
+  stored = _stored_example_fn(spec, cfg, tokenizer)
+  keys = spec.text_features
+  return lambda ex: stored({k: tokenizer.encode(as_text(ex[k])) for k in keys})
 
 
-def _stored_example_fn(spec: DatasetSpec, cfg: DataConfig):
-  """Token store example ({feature: ids}) -> token example."""
+def _stored_example_fn(spec: DatasetSpec, cfg: DataConfig,
+                       tokenizer: Tokenizer):
+  """Token store example ({feature: ids}) -> token example, framed with
+  the tokenizer's BOS and EOS (``batching.markers``)."""
+  bos, eos = batching.markers(tokenizer)
   if spec.task == 'lm':
-    return lambda ex: batching.lm_example(ex[spec.text_key])
+    return lambda ex: batching.lm_example(ex[spec.text_key], bos, eos)
+  if is_instruction(spec):
+    return lambda ex: batching.instruction_example(
+        ex['prompt'], ex['completion'], bos, eos)
   src_key, tgt_key = translation_keys(spec, cfg.direction)
-  return lambda ex: batching.translation_example(ex[src_key], ex[tgt_key])
+  return lambda ex: batching.translation_example(ex[src_key], ex[tgt_key],
+                                                 bos, eos)
 
 
 def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
@@ -289,17 +299,18 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     return ds.to_iter_dataset(in_memory)
 
   layout = (batching.lm_layout(seq_len) if spec.task == 'lm' else
+            batching.instruction_layout(seq_len) if is_instruction(spec) else
             batching.translation_layout(cfg.src_len or seq_len, seq_len))
   n_global = len(source if store is None else store)
   if store is not None and not evaluation:
     return _stored_training_batches(
         store, spec, cfg, layout, local_batch, seed=seed, shuffle=shuffle,
         num_epochs=num_epochs, process_index=process_index,
-        process_count=process_count)
+        process_count=process_count, tokenizer=tokenizer)
   ds = grain.MapDataset.source(source if store is None else store)
   ds = ds[process_index::process_count].map(
       _example_fn(spec, cfg, tokenizer) if store is None
-      else _stored_example_fn(spec, cfg))
+      else _stored_example_fn(spec, cfg, tokenizer))
   if n_global <= cache_limit:
     # Decoding one TFDS record costs ~0.2 ms of Python, far more than
     # tokenizing it: read a small split once, keep its token ids in memory,
@@ -325,14 +336,14 @@ def _training_fit(spec: DatasetSpec, layout):
   (still good text), a translation pair whole or None (a cut target would
   teach the decoder never to emit EOS; a MapDataset cannot be chunked after
   .filter, so None marks a dropped pair)."""
-  if spec.task == 'lm':
+  if spec.task == 'lm' or is_instruction(spec):
     return lambda ex: batching.truncate(ex, layout)
   return lambda ex: ex if batching.fits(ex, layout) else None
 
 
 def _stored_training_batches(store, spec, cfg, layout, local_batch, *, seed,
                              shuffle, num_epochs, process_index,
-                             process_count):
+                             process_count, tokenizer):
   """Training batches from a token store, the same as the per-example path
   gives: Grain orders example numbers (cheap), and each chunk of them is
   read and built in one call, so Grain's per-element cost is paid per
@@ -341,7 +352,7 @@ def _stored_training_batches(store, spec, cfg, layout, local_batch, *, seed,
   (2.5x slower measured); worker processes scale instead."""
   order = grain.MapDataset.range(len(store))[process_index::process_count]
   order = _order(order, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
-  build = _stored_example_fn(spec, cfg)
+  build = _stored_example_fn(spec, cfg, tokenizer)
   fit = _training_fit(spec, layout)
   chunks = _Chunks(order, batching.CHUNK_SIZE).map(
       lambda numbers: [fit(build(store[i])) for i in numbers])

@@ -48,9 +48,11 @@ from safetensors.numpy import save_file
 from jax_transformer import data
 from jax_transformer.errors import UsageError
 from jax_transformer.interop import hf_export, torch_compat
+from jax_transformer.model import lora
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
+from jax_transformer.train import restore
 from jax_transformer.train.restore import Trained
 
 FORMATS = ('torch', 'hf', 'safetensors')
@@ -127,6 +129,25 @@ def write(trained: Trained, fmt: str, out: str) -> list[str]:
     raise UsageError(f'--out {out}: the folder {folder} does not exist.')
   # hf streams the parameters itself, a layer at a time (hf_export).
   return _WRITERS[fmt](trained if fmt == 'hf' else on_host(trained), out)
+
+
+def write_lora_adapter(workdir: str, step: int | None, out: str
+                       ) -> tuple[int, list[str]]:
+  """A LoRA run's adapters alone as a PEFT folder (``hf_export.
+  write_adapter``): (the step written, notes). UsageError for a run
+  without adapters or a model the Hugging Face layouts cannot hold."""
+  opened, params, step = restore.load(workdir, step)
+  model_def = opened.setup.model_def
+  if not isinstance(model_def, lora.LoraModelDef):
+    raise UsageError(f'--lora_adapter_only: {workdir} was not trained with '
+                     'LoRA (config.lora.rank=0); export it whole.')
+  if opened.config.model_kind != 'decoder_lm':
+    raise UsageError('--lora_adapter_only writes a PEFT adapter of a '
+                     'decoder-only causal LM.')
+  notes = hf_export.write_adapter(opened.setup.model_config, params,
+                                  model_def, out,
+                                  base_model=opened.config.get('init_from'))
+  return step, notes
 
 
 def on_host(trained: Trained) -> Trained:

@@ -17,6 +17,7 @@ host holds at most one shard plus one tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Mapping
@@ -141,3 +142,124 @@ def write_folder(config: ModelConfig, params: Mapping[str, Any], tokenizer,
             'it for the sentencepiece library).']
   hf_tokenizer.save_pretrained(converted, out)
   return []
+
+
+# ----------------------------------------------------------------------------
+# LoRA adapters as a PEFT folder.
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = ('adapter_config.json',
+                                   'adapter_model.safetensors')
+
+
+def _module(torch_key: str) -> str:
+  return torch_key.rsplit('.', 1)[0]
+
+
+def adapter_tensors(config: ModelConfig, params: Mapping[str, Any],
+                    lora_def, family: hf_families.Family
+                    ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+  """({PEFT key: tensor}, {module: rank where it is not lora_def.rank}).
+
+  PEFT's delta of a module is lora_B @ lora_A * alpha / r (transposed for
+  GPT-2's Conv1D, fan_in_fan_out): lora_A [r, in] is our A [in, r]
+  flattened and transposed, lora_B [out, r] our B likewise. A tensor
+  holding several kernels (GPT-2's c_attn: q, k, v) gets their adapters
+  side by side, of rank r times the number adapted, B block-diagonal (zero
+  where a kernel has no adapter), so its delta is theirs exactly.
+  """
+  gather = _Gather(params)
+  kernels = {t.kernel for t in lora_def.targets}
+  r = lora_def.rank
+  tensors, ranks = {}, {}
+  for e in family.entries(config):
+    adapted = [p for p in e.jax_paths if p in kernels]
+    if not adapted:
+      continue
+    a_parts, b_parts = [], []
+    outs = [int(np.prod(_out_shape(p, lora_def))) for p in e.jax_paths]
+    for i, path in enumerate(e.jax_paths):
+      if path not in kernels:
+        continue
+      a = gather(f'{path}.lora_a')
+      b = gather(f'{path}.lora_b')
+      a_parts.append(a.reshape(-1, r))
+      block = np.zeros((r, sum(outs)), np.float32)
+      block[:, sum(outs[:i]):sum(outs[:i + 1])] = b.reshape(r, -1)
+      b_parts.append(block)
+    module = _module(e.torch_key)
+    tensors[f'base_model.model.{module}.lora_A.weight'] = np.ascontiguousarray(
+        np.concatenate(a_parts, axis=1).T, np.float32)
+    tensors[f'base_model.model.{module}.lora_B.weight'] = np.ascontiguousarray(
+        np.concatenate(b_parts, axis=0).T, np.float32)
+    if len(adapted) > 1:
+      ranks[module] = r * len(adapted)
+  return tensors, ranks
+
+
+def _out_shape(kernel: str, lora_def) -> tuple[int, ...]:
+  """A kernel's output shape (its Target's, or, for a kernel of a joined
+  tensor without an adapter, its adapted sibling's: q, k and v of GPT-2's
+  c_attn have one shape)."""
+  by_name = {t.kernel: t for t in lora_def.targets}
+  if kernel in by_name:
+    return by_name[kernel].out_shape
+  head = kernel.rsplit('.', 1)[0]
+  siblings = [t for k, t in by_name.items() if k.rsplit('.', 1)[0] == head]
+  return siblings[0].out_shape
+
+
+def write_adapter(config: ModelConfig, params: Mapping[str, Any], lora_def,
+                  out: str, base_model: str | None = None,
+                  family: str | None = None) -> list[str]:
+  """Writes the adapters of a LoRA run (``params``: the base and the
+  adapters, unrolled or scanned) as a PEFT folder ``out``:
+  ``adapter_config.json`` + ``adapter_model.safetensors``, which
+  ``peft.PeftModel.from_pretrained(base, out)`` loads onto the base model
+  (``base_model``: its folder or id, written as base_model_name_or_path).
+  Returns notes."""
+  chosen = check_fits(config, family)
+  if any(t.stack for t in lora_def.targets):  # scanned: one layer each
+    lora_def = _unrolled_def(lora_def, params)
+  tensors, ranks = adapter_tensors(config, params, lora_def, chosen)
+  if not tensors:
+    raise UsageError('None of the adapted kernels is a tensor of the '
+                     f'{chosen.name} layout.')
+  # Whole module names: PEFT matches a bare 'c_proj' to GPT-2's attention
+  # and MLP projections both.
+  names = sorted({k.split('base_model.model.', 1)[1].rsplit('.lora_', 1)[0]
+                  for k in tensors})
+  alpha = lora_def.alpha
+  config_json = {
+      'peft_type': 'LORA', 'task_type': 'CAUSAL_LM',
+      'base_model_name_or_path': base_model, 'r': lora_def.rank,
+      'lora_alpha': alpha, 'lora_dropout': 0.0, 'bias': 'none',
+      'target_modules': names, 'fan_in_fan_out': chosen.name == 'gpt2',
+      'inference_mode': True, 'modules_to_save': None,
+      'init_lora_weights': True, 'use_rslora': False, 'use_dora': False,
+      # Joined tensors (c_attn) hold several adapters: a larger rank, the
+      # same scale alpha / r.
+      'rank_pattern': dict(ranks),
+      'alpha_pattern': {m: alpha * k / lora_def.rank
+                        for m, k in ranks.items()},
+  }
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, ADAPTER_CONFIG), 'w') as f:
+    json.dump(config_json, f, indent=2, sort_keys=True)
+  save_file(tensors, os.path.join(out, ADAPTER_WEIGHTS),
+            metadata={'format': 'pt'})
+  return []
+
+
+def _unrolled_def(lora_def, params=None):
+  """lora_def's targets one layer at a time (for a scanned stack)."""
+  del params
+  targets = []
+  for t in lora_def.targets:
+    if not t.stack:
+      targets.append(t)
+      continue
+    head, _, tail = params_lib._split_name(t.kernel)  # pylint: disable=protected-access
+    for i in range(t.stack[0]):
+      targets.append(dataclasses.replace(
+          t, kernel=f'{head}.{i}.{tail}', stack=(), stack_axes=()))
+  return dataclasses.replace(lora_def, targets=tuple(targets))

@@ -2,7 +2,9 @@
 
 A workdir holds:
   checkpoints/<step>/  params, train (opt_state, step, rng), data (iterator
-                       state, JSON) as Orbax items
+                       state, JSON) as Orbax items; a LoRA run's params are
+                       its adapters alone, the frozen base being read
+                       again from config.init_from on restore
   config.json          the experiment config
   tokenizer/           the tokenizer the model was trained with
   tokenizer.sha256     its fingerprint, written once tokenizer/ is whole
@@ -28,6 +30,7 @@ from jax.experimental import multihost_utils
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
+from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
@@ -86,7 +89,7 @@ class Checkpointer:
     train = {k: v for k, v in state.items() if k != 'params'}
     try:
       self.manager.save(step, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(state['params']),
+          params=ocp.args.StandardSave(lora.trainable(state['params'])),
           train=ocp.args.StandardSave(train),
           data=ocp.args.JsonSave({'processes': _gather_json(data_state)})),
                         force=True)
@@ -210,8 +213,28 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f'moved aside step {step}')
     return str(target)
 
+  def _frozen(self, abstract_params: dict[str, Any]) -> dict[str, Any]:
+    """The frozen base of a LoRA run (``{}`` otherwise), read from its
+    config.init_from onto abstract_params' shardings."""
+    base = lora.frozen(abstract_params)
+    if not base:
+      return {}
+    # pretrained reads checkpoints of other workdirs: imported here only.
+    from jax_transformer.train import pretrained  # pylint: disable=import-outside-toplevel
+    return pretrained.frozen_base(load_config(self.paths), base)
+
   def _restore_step(self, abstract_state: dict[str, Any], step: int
                     ) -> tuple[dict[str, Any], Any]:
+    full = abstract_state['params']
+    abstract_state = dict(abstract_state, params=lora.trainable(full))
+    state, data_state = self._restore_trained(abstract_state, step)
+    frozen = self._frozen(full)
+    if frozen:
+      state = dict(state, params={**frozen, **state['params']})
+    return state, data_state
+
+  def _restore_trained(self, abstract_state: dict[str, Any], step: int
+                       ) -> tuple[dict[str, Any], Any]:
     abstract_state, convert = self._other_layout(abstract_state, step)
     self.check_fits(abstract_state['params'], step)
     train = {k: v for k, v in abstract_state.items() if k != 'params'}
@@ -235,10 +258,12 @@ class Checkpointer:
     if step is None:
       raise FileNotFoundError(f'{self.manager.directory} holds no checkpoint '
                               'yet.')
-    abstract_params, convert = self._other_layout(abstract_params, step)
+    full = abstract_params
+    abstract_params, convert = self._other_layout(lora.trainable(full), step)
     self.check_fits(abstract_params, step)
-    return convert(self.manager.restore(step, args=ocp.args.Composite(
+    params = convert(self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_params)))['params'])
+    return {**self._frozen(full), **params}
 
   def check_errors(self) -> None:
     """Raises SaveFailed if a background save has failed (cheap: call it

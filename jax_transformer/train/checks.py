@@ -79,17 +79,42 @@ def check_run_fields(cfg: ml_collections.ConfigDict) -> None:
   # nothing, a task or lm_mode misspelt), before anything is prepared.
   data.spec_for(cfg.data)
   data.mixture.check(cfg.data)  # weights, labels, one task
+  # data.tokenizer_path read, and not contradicted by tokenizer/vocab_size.
+  data.datasets.given_tokenizer(cfg.data)
   init_from = cfg.get('init_from')
   if init_from is not None and not (isinstance(init_from, str)
                                     and init_from):
     raise UsageError('config.init_from must name a Hugging Face model folder, '
                      'a model id in its cache or a workdir, got '
                      f'{init_from!r}.')
+  check_lora(cfg)
   skips = cfg.optim.get('max_skipped_updates', 0)
   if isinstance(skips, bool) or not isinstance(skips, int) or skips < 0:
     raise UsageError('config.optim.max_skipped_updates must be a '
                      'non-negative integer (0: stop at the first non-finite '
                      f'step), got {skips!r}.')
+
+
+def check_lora(cfg: ml_collections.ConfigDict) -> None:
+  """config.lora: a rank >= 0 (0: off), a positive alpha, and above 0 an
+  init_from to read the frozen base from (at every start: checkpoints hold
+  the adapters only). Targets are checked against the model in setup."""
+  lora = cfg.get('lora') or {}
+  rank = lora.get('rank', 0)
+  if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+    raise UsageError(f'config.lora.rank must be an integer >= 0 (0: off), '
+                     f'got {rank!r}.')
+  if not rank:
+    return
+  alpha = lora.get('alpha')
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+      not alpha > 0:
+    raise UsageError(f'config.lora.alpha must be a positive number, got '
+                     f'{alpha!r}.')
+  if not cfg.get('init_from'):
+    raise UsageError(f'config.lora.rank={rank} trains adapters on a frozen '
+                     'pretrained model: set config.init_from to it (it is '
+                     'read again at every start and by generate/export).')
 
 
 def check_experiment(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
@@ -162,7 +187,11 @@ def check_resumable(cfg: ml_collections.ConfigDict,
     for c in (saved, current):
       for name in names:
         c.get(key, {}).pop(name, None)
-  for key in ('model_kind', 'model', 'data'):
+  if not (saved.get('lora') or {}).get('rank') and not (
+      current.get('lora') or {}).get('rank'):
+    saved.pop('lora', None)  # off on both sides (or saved before LoRA)
+    current.pop('lora', None)
+  for key in ('model_kind', 'model', 'data', 'lora'):
     if saved.get(key) != current.get(key):
       old, new = saved.get(key), current.get(key)
       fields = (sorted(f for f in set(old) | set(new)

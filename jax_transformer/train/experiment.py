@@ -14,6 +14,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+from jax_transformer.model import lora
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.params import ModelDef, Params, abstract, split
 from jax_transformer.train import checks, optim
@@ -22,9 +23,11 @@ from jax_transformer.train import checks, optim
 def train_state(params: Params, tx: optax.GradientTransformation,
                 seed: int = 0, step: int = 0) -> dict[str, Any]:
   """The train state (see ``steps.py``) holding ``params`` at ``step``, a
-  fresh optimizer state and the run's base dropout key for ``seed``."""
+  fresh optimizer state (of the adapters alone where params hold LoRA
+  adapters: ``lora.trainable``) and the run's base dropout key for
+  ``seed``."""
   _, rng = jax.random.split(jax.random.key(seed))
-  return {'params': params, 'opt_state': tx.init(params),
+  return {'params': params, 'opt_state': tx.init(lora.trainable(params)),
           'step': jax.numpy.asarray(step, jax.numpy.int32),
           'rng': jax.random.key_data(rng)}
 
@@ -49,7 +52,16 @@ class Setup:
 
   def init_params(self, key: jax.Array) -> Params:
     model = self.model_cls(self.model_config, nnx.Rngs(params=key))
-    return split(model)[1]
+    params = split(model)[1]
+    if isinstance(self.model_def, lora.LoraModelDef):
+      params.update(self.init_adapters(jax.random.fold_in(key, 1)))
+    return params
+
+  def init_adapters(self, key: jax.Array) -> Params:
+    """Fresh LoRA adapters ({} without LoRA)."""
+    if not isinstance(self.model_def, lora.LoraModelDef):
+      return {}
+    return self.model_def.init_adapters(key)
 
   def init_state(self, seed: int) -> dict[str, Any]:
     """A fresh train state (call under jit with out_shardings)."""
@@ -71,8 +83,14 @@ def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:
   checks.check_lengths(cfg, mc)
   cls = checks.check_model_kind(cfg)
   model_def, abstract_params = abstract(lambda: cls(mc, nnx.Rngs(0)))
+  adapters = cfg.get('lora') or {}
+  if adapters.get('rank'):
+    model_def, abstract_params = lora.with_adapters(
+        model_def, abstract_params, adapters['rank'], adapters['alpha'],
+        adapters['targets'])
   schedule = optim.make_schedule(cfg.optim, mc.d_model, cfg.num_steps)
-  tx = optim.make_optimizer(cfg.optim, schedule, abstract_params)
+  tx = optim.make_optimizer(cfg.optim, schedule,
+                            lora.trainable(abstract_params))
   return Setup(mc, cls, model_def, abstract_params, schedule, tx)
 
 
@@ -83,7 +101,8 @@ def with_optimizer(base: Setup, cfg: ml_collections.ConfigDict) -> Setup:
                                  cfg.num_steps)
   return dataclasses.replace(
       base, schedule=schedule,
-      tx=optim.make_optimizer(cfg.optim, schedule, base.abstract_params))
+      tx=optim.make_optimizer(cfg.optim, schedule,
+                              lora.trainable(base.abstract_params)))
 
 
 def abstract_state_of(setup: Setup, seed: int = 0) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 
 from jax_transformer.data.tokenizers import HuggingFaceTokenizer
 from jax_transformer.errors import UsageError, first_line
-from jax_transformer.model import hf_families
+from jax_transformer.model import hf_families, lora
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
@@ -226,6 +226,10 @@ def workdir_source(path: str) -> Source:
     del model_config  # the workdir's own
     mesh = next(iter(shardings.values())).mesh
     params = restore.restore_params(workdir, [workdir.steps[-1]], mesh)
+    model_def = workdir.setup.model_def
+    if isinstance(model_def, lora.LoraModelDef):  # a LoRA run: merged
+      params = jax.jit(lambda p: lora.merged(p, model_def.targets,
+                                             model_def.scale))(params)
     params = params_lib.to_layout(params,
                                   params_lib.is_scanned(shardings))
     return {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
@@ -386,8 +390,38 @@ class Start:
     """The run's first train state: the checkpoint's parameters placed on
     ``shardings['params']``, a fresh optimizer state, step 0."""
     params = self.source.place(setup.model_config, shardings['params'])
+    adapters = {k: v for k, v in shardings['params'].items()
+                if lora.is_adapter(k)}
+    if adapters:  # config.lora: fresh adapters on the frozen base
+      key = jax.random.fold_in(jax.random.key(seed), 1)
+      params.update(jax.jit(lambda: setup.init_adapters(key),
+                            out_shardings=adapters)())
     return jax.jit(lambda p: setup.state_for(p, seed),
                    out_shardings=shardings, donate_argnums=0)(params)
+
+
+def frozen_base(cfg: ml_collections.ConfigDict,
+                abstract: Mapping[str, jax.ShapeDtypeStruct]
+                ) -> dict[str, jax.Array]:
+  """The frozen base of a LoRA run whose config is ``cfg`` (a workdir's
+  config.json), read again from its config.init_from and placed on the
+  shardings of ``abstract`` (the base parameters): what a restore adds to
+  the adapters a checkpoint holds."""
+  path = cfg.get('init_from')
+  if not path:
+    raise UsageError('This run\'s checkpoints hold LoRA adapters alone but '
+                     'its config.json has no init_from to read the base '
+                     'model from.')
+  try:
+    source = open_source(os.fspath(path))
+  except UsageError as e:
+    raise UsageError(f'A LoRA run reads its frozen base from config.init_from'
+                     f'={path} (as in its config.json, relative to the '
+                     f'current directory) at every start: {e}') from None
+  model_config = checks.model_config(cfg, cfg.model.get('vocab_size') or 1)
+  params = source.place(model_config,
+                        {k: v.sharding for k, v in abstract.items()})
+  return {k: params[k] for k in abstract}
 
 
 def start(cfg: ml_collections.ConfigDict, has_checkpoint: bool

@@ -67,6 +67,13 @@ def base_config() -> ConfigDict:
   # its cache) or another workdir. Its model fields replace config.model's
   # and model_kind (train/pretrained.py); unset: a fresh model.
   c.init_from = optional(str)
+  # LoRA on a pretrained model (docs/finetune.md): rank 0 is off; above 0,
+  # only adapters on the kernels targets names train (patterns: 'query',
+  # 'attention', 'mlp', 'layers.*.ff.wi'), scaled by alpha / rank, and only
+  # they are in the optimizer and in checkpoints: the frozen base is read
+  # from init_from at every start (model/lora.py).
+  c.lora = ConfigDict(dict(rank=0, alpha=16.0,
+                           targets='query,key,value,out'))
   c.vocab_multiple = 8
   c.data = ConfigDict(dict(
       name='shakespeare', data_dir=optional(str), direction=optional(str),

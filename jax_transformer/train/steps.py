@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.model import sharding
+from jax_transformer.model import lora, sharding
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
 from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
@@ -44,7 +44,8 @@ def forward(model: nnx.Module, batch: Batch, deterministic: bool,
             return_hidden: bool = False):
   """Logits [B, T, V] (or the hidden states [B, T, D] under the head when
   return_hidden), targets [B, T] and weights [B, T] for either batch
-  format of ``jax_transformer.data.batching``: LM (``inputs``...) or
+  format of ``jax_transformer.data.batching``: LM (``inputs``...; with
+  ``loss_mask``, instruction data, weights only where it is 1) or
   translation (``src``, ``tgt_in``...).
 
   packed=False promises one right-padded sequence per row (what the
@@ -70,7 +71,10 @@ def forward(model: nnx.Module, batch: Batch, deterministic: bool,
   out = model(batch['inputs'], lm.get('mask'), deterministic=deterministic,
               segment_ids=lm['segment_ids'], positions=batch['positions'],
               rngs=rngs, return_hidden=return_hidden)
-  return out, batch['targets'], batch['segment_ids'] > 0
+  weights = batch['segment_ids'] > 0
+  if 'loss_mask' in batch:  # instruction data: the completions alone
+    weights = weights & (batch['loss_mask'] > 0)
+  return out, batch['targets'], weights
 
 
 def loss_sums(model: nnx.Module, batch: Batch, deterministic: bool,
@@ -109,10 +113,14 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
   ``optim.skip_non_finite`` and ``optim.accumulate_per_token`` read (and
   any other optimizer ignores).
   packed and loss_chunk_size: see ``forward`` and ``loss_sums``.
+
+  Where the params hold LoRA adapters, only they are differentiated and
+  updated (``lora.trainable``); the frozen base passes through unchanged.
   """
   tx = optax.with_extra_args_support(tx)
 
-  def loss_fn(params, batch, key):
+  def loss_fn(trained, frozen, batch, key):
+    params = {**frozen, **trained}
     sums = loss_sums(model_def.merge(params), batch, False,
                      nnx.Rngs(dropout=key), label_smoothing=label_smoothing,
                      z_loss=z_loss, packed=packed,
@@ -122,11 +130,13 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
   def train_step(state: TrainState, batch: Batch):
     key = jax.random.fold_in(jax.random.wrap_key_data(state['rng']),
                              state['step'])
-    grads, sums = jax.grad(loss_fn, has_aux=True)(state['params'], batch, key)
-    updates, opt_state = tx.update(grads, state['opt_state'], state['params'],
+    trained = lora.trainable(state['params'])
+    frozen = lora.frozen(state['params'])
+    grads, sums = jax.grad(loss_fn, has_aux=True)(trained, frozen, batch, key)
+    updates, opt_state = tx.update(grads, state['opt_state'], trained,
                                    loss=sums['loss'], tokens=sums['tokens'])
-    new_state = dict(state, params=optax.apply_updates(state['params'],
-                                                       updates),
+    new_state = dict(state, params={**frozen, **optax.apply_updates(
+                         trained, updates)},
                      opt_state=opt_state, step=state['step'] + 1)
     metrics = dict(sums, grad_norm=optax.tree.norm(grads),
                    **optim.skip_counts(opt_state))
@@ -156,7 +166,8 @@ def state_shardings(setup, mesh, abstract_state):
       mesh)
   opt_specs = optax.tree_map_params(
       setup.tx, lambda _, spec: spec, abstract_state['opt_state'],
-      param_specs, transform_non_params=lambda _: PartitionSpec(),
+      lora.trainable(param_specs),
+      transform_non_params=lambda _: PartitionSpec(),
       is_leaf=lambda x: isinstance(x, PartitionSpec))
   specs = {'params': param_specs, 'opt_state': opt_specs,
            'step': PartitionSpec(), 'rng': PartitionSpec()}

@@ -24,6 +24,8 @@ CONFIGS = [('lm_shakespeare', None), ('lm_shakespeare', 'tiny'),
            ('wmt_base', None), ('wmt_base', 'big'),
            ('gpt2_small', None), ('gpt2_small', 'shakespeare'),
            ('lm_350m', None), ('lm_1_3b', None), ('lm_7b', None),
+           ('finetune', 'gpt2_shakespeare'), ('finetune', 'llama_instruct'),
+           ('finetune', 'tiny'),
            pytest.param('lm_70b', None, marks=pytest.mark.slow)]
 
 

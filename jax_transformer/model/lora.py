@@ -1,0 +1,256 @@
+"""LoRA: low-rank adapters on chosen kernels, as extra entries of the flat
+parameter dict.
+
+For a kernel W whose first ``n_in`` axes are its inputs (``query`` [D, N, H]:
+one; ``out`` [N, H, D]: two), an adapter is
+
+  ``<kernel>.lora_a``  A [*in, r]   logical axes (*W's input axes, 'lora_rank')
+  ``<kernel>.lora_b``  B [r, *out]  logical axes ('lora_rank', *W's output axes)
+
+made as Flax's ``nnx.LoRA(in, r, out)`` makes them (A from its
+``a_initializer``, B zeros, so step 0 is the base model), with the scale
+``alpha / r`` of the LoRA paper and PEFT. A scanned stack ('layers.ff.wi'
+[L, D, F]) gets stacked adapters ('layers.ff.wi.lora_a' [L, D, r]), so both
+layer layouts convert by name as the other parameters do. 'lora_rank' is in
+no sharding rule: it stays whole, the other axes shard as W's.
+
+The forward is the base model holding W + (alpha / r) A B
+(:class:`LoraModelDef`.merge): the same function of x as nnx.LoRA's
+``x W + (x A) B s`` (to float rounding), over the functional core's flat
+dict, for every model kind, both layer layouts, decoding and export, without
+a LoRA path in the model code. It costs one [in, out] product per kernel per
+step and keeps the weight gradient's matmul; what LoRA saves here is the
+optimizer state and the checkpoints, which hold the adapters only (see
+``trainable``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_transformer.errors import UsageError
+from jax_transformer.model.params import ModelDef, Params
+
+A, B = 'lora_a', 'lora_b'
+SUFFIXES = ('.' + A, '.' + B)
+RANK_AXIS = 'lora_rank'
+STACK_AXIS = 'layers'
+# Names of targets that stand for several kernels.
+ALIASES = {'attention': ('query', 'key', 'value', 'out'),
+           'mlp': ('wi', 'wi_gate', 'wo')}
+DEFAULT_TARGETS = 'query,key,value,out'
+
+
+def is_adapter(name: str) -> bool:
+  return name.endswith(SUFFIXES)
+
+
+def has_adapters(params: Mapping[str, Any]) -> bool:
+  return any(is_adapter(k) for k in params)
+
+
+def trainable(params: Mapping[str, Any]) -> dict[str, Any]:
+  """What trains: the adapters where ``params`` holds any (the base is
+  frozen), else every parameter."""
+  if not has_adapters(params):
+    return dict(params)
+  return {k: v for k, v in params.items() if is_adapter(k)}
+
+
+def frozen(params: Mapping[str, Any]) -> dict[str, Any]:
+  """The parameters that do not train (``{}`` without adapters)."""
+  if not has_adapters(params):
+    return {}
+  return {k: v for k, v in params.items() if not is_adapter(k)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One adapted kernel: its name, stacked layers, inputs and outputs."""
+  kernel: str
+  stack: tuple[int, ...]      # leading layer axes (scanned stacks)
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  stack_axes: tuple[str, ...]
+  in_axes: tuple[str, ...]
+  out_axes: tuple[str, ...]
+
+  def shapes(self, rank: int) -> dict[str, tuple[int, ...]]:
+    return {f'{self.kernel}.{A}': (*self.stack, *self.in_shape, rank),
+            f'{self.kernel}.{B}': (*self.stack, rank, *self.out_shape)}
+
+  def axes(self) -> dict[str, tuple[str, ...]]:
+    return {f'{self.kernel}.{A}': (*self.stack_axes, *self.in_axes,
+                                   RANK_AXIS),
+            f'{self.kernel}.{B}': (*self.stack_axes, RANK_AXIS,
+                                   *self.out_axes)}
+
+
+def parse_targets(targets: str | Sequence[str]) -> list[str]:
+  """'query,key' or ['query', 'layers.*.ff.wi'] -> patterns (an alias,
+  'attention' or 'mlp', stays one entry: see find_targets)."""
+  if isinstance(targets, str):
+    targets = targets.split(',')
+  return [t for t in (str(t).strip() for t in targets) if t]
+
+
+def _matches(pattern: str, name: str) -> bool:
+  """A plain name ('query') matches a kernel's last component; a pattern
+  with a dot or a wildcard matches the whole name (fnmatch)."""
+  if '.' in pattern or any(c in pattern for c in '*?['):
+    return fnmatch.fnmatchcase(name, pattern)
+  return name.rsplit('.', 1)[-1] == pattern
+
+
+def find_targets(shapes: Mapping[str, Sequence[int]],
+                 logical_axes: Mapping[str, Sequence[str]],
+                 targets: str | Sequence[str]) -> list[Target]:
+  """The kernels that ``targets`` name, or UsageError in one sentence: a
+  pattern that matches nothing, or matches a bias, norm or embedding."""
+  patterns = parse_targets(targets)
+  if not patterns:
+    raise UsageError('config.lora.targets names no kernel; give e.g. '
+                     f"'{DEFAULT_TARGETS}' or 'attention,mlp'.")
+  found = []
+  for pattern in patterns:
+    # An alias matches its members that the model has (no wi_gate without
+    # SwiGLU), and must match one of them.
+    members = ALIASES.get(pattern, (pattern,))
+    names = [n for n in shapes if not is_adapter(n)
+             and any(_matches(m, n) for m in members)]
+    if not names:
+      kernels = sorted({n.rsplit('.', 1)[-1] for n, s in shapes.items()
+                        if _kernel_axes(logical_axes[n]) is not None})
+      raise UsageError(f'config.lora.targets: {pattern!r} matches no '
+                       'parameter of this model; its kernels are '
+                       f'{", ".join(kernels)}.')
+    for name in names:
+      axes = tuple(logical_axes[name])
+      split = _kernel_axes(axes)
+      if split is None:
+        raise UsageError(f'config.lora.targets: {pattern!r} matches {name} '
+                         f'(logical axes {axes}), which is not a kernel (a '
+                         'bias, norm or embedding table takes no adapter).')
+      n_stack, n_in = split
+      shape = tuple(shapes[name])
+      found.append(Target(name, shape[:n_stack],
+                          shape[n_stack:n_stack + n_in],
+                          shape[n_stack + n_in:], axes[:n_stack],
+                          axes[n_stack:n_stack + n_in],
+                          axes[n_stack + n_in:]))
+  unique = {t.kernel: t for t in found}
+  return [unique[k] for k in sorted(unique)]
+
+
+def _kernel_axes(axes: Sequence[str]) -> tuple[int, int] | None:
+  """(stacked layer axes, input axes) of a kernel's logical axes; None for
+  what is not a kernel. The inputs are every axis but the last where the
+  output is 'embed' (out [N, H, D], wo [F, D]), else the first."""
+  n_stack = 0
+  while n_stack < len(axes) and axes[n_stack] == STACK_AXIS:
+    n_stack += 1
+  rest = tuple(axes[n_stack:])
+  if len(rest) < 2 or rest[0] == 'vocab' or RANK_AXIS in rest:
+    return None
+  return n_stack, (len(rest) - 1 if rest[-1] == 'embed' else 1)
+
+
+def delta(a: jax.Array, b: jax.Array, target: Target,
+          scale: float) -> jax.Array:
+  """scale * A B in the kernel's shape, in float32."""
+  stack, r = target.stack, a.shape[-1]
+  a2 = a.astype(jnp.float32).reshape(*stack, math.prod(target.in_shape), r)
+  b2 = b.astype(jnp.float32).reshape(*stack, r, math.prod(target.out_shape))
+  d = jnp.matmul(a2, b2, precision=jax.lax.Precision.HIGHEST)
+  return (scale * d).reshape(*stack, *target.in_shape, *target.out_shape)
+
+
+def merged(params: Mapping[str, jax.Array], targets: Sequence[Target],
+           scale: float) -> Params:
+  """The base parameters with every adapter folded in: W + scale A B
+  (computed in float32, cast to W's dtype); adapters dropped."""
+  out = {k: v for k, v in params.items() if not is_adapter(k)}
+  for t in targets:
+    w = out[t.kernel]
+    d = delta(params[f'{t.kernel}.{A}'], params[f'{t.kernel}.{B}'], t, scale)
+    out[t.kernel] = (w.astype(jnp.float32) + d).astype(w.dtype)
+  return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoraModelDef(ModelDef):
+  """A ModelDef whose parameters also hold adapters: ``merge`` builds the
+  base module holding the merged kernels (see the module docstring)."""
+  targets: tuple[Target, ...] = ()
+  rank: int = 0
+  alpha: float = 0.0
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+  def merge(self, params: Params) -> nnx.Module:
+    return super().merge(merged(params, self.targets, self.scale))
+
+  @property
+  def logical_axes(self) -> dict[str, tuple[str, ...]]:
+    axes = dict(super().logical_axes)
+    for t in self.targets:
+      axes.update(t.axes())
+    return axes
+
+  def abstract_adapters(self, dtype=jnp.float32
+                        ) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(s, dtype) for t in self.targets
+            for k, s in t.shapes(self.rank).items()}
+
+  def init_adapters(self, key: jax.Array, dtype=jnp.float32) -> Params:
+    """Fresh adapters as ``nnx.LoRA`` initialises them (A from its
+    a_initializer, B zeros), one key per kernel (per layer of a stack)."""
+    out = {}
+    for i, t in enumerate(self.targets):
+      n_in, n_out = math.prod(t.in_shape), math.prod(t.out_shape)
+
+      def one(k, t=t, n_in=n_in, n_out=n_out):
+        lora = nnx.LoRA(n_in, self.rank, n_out, param_dtype=dtype,
+                        rngs=nnx.Rngs(params=k))
+        return lora.lora_a[...], lora.lora_b[...]
+
+      keys = jax.random.split(jax.random.fold_in(key, i),
+                              math.prod(t.stack) or 1)
+      a, b = jax.vmap(one)(keys)
+      names = list(t.shapes(self.rank))
+      shapes = t.shapes(self.rank)
+      out[names[0]] = a.reshape(shapes[names[0]])
+      out[names[1]] = b.reshape(shapes[names[1]])
+    return out
+
+
+def with_adapters(model_def: ModelDef, abstract_params: Params, rank: int,
+                  alpha: float, targets: str | Sequence[str]
+                  ) -> tuple[LoraModelDef, Params]:
+  """(the LoRA model definition, abstract params with the adapters added)
+  for a model's definition and abstract parameters."""
+  if rank < 1:
+    raise UsageError(f'config.lora.rank must be 0 (off) or positive, got '
+                     f'{rank}.')
+  if not alpha or alpha <= 0:
+    raise UsageError(f'config.lora.alpha must be positive, got {alpha}.')
+  found = find_targets({k: v.shape for k, v in abstract_params.items()},
+                       model_def.logical_axes, targets)
+  lora_def = LoraModelDef(model_def.graphdef, model_def.variables,
+                          tuple(found), int(rank), float(alpha))
+  return lora_def, {**abstract_params, **lora_def.abstract_adapters()}
+
+
+def count(params: Mapping[str, Any]) -> tuple[int, int]:
+  """(trainable, total) parameter counts."""
+  total = sum(math.prod(v.shape) for v in params.values())
+  return sum(math.prod(v.shape) for v in trainable(params).values()), total
