@@ -11,7 +11,15 @@ token stores, once). ``data.name`` is one of
   (LM) or the two feature keys of ``data.direction`` ('src-tgt'), and
   ``data.lm_mode``;
 * ``'files'``: your files (``data.train_files``/``data.eval_files``), see
-  ``files``.
+  ``files``;
+* ``'huggingface:OWNER/NAME'`` (``data.hf_config``), or ``'huggingface'``
+  with ``data.hf_path`` (a ``save_to_disk`` folder): a Hugging Face
+  dataset, see ``hf_datasets``.
+
+The tokenizer is trained on the corpus (``data.tokenizer``,
+``data.vocab_size``, ``data.spm_model_type``) or given by
+``data.tokenizer_path`` (``tokenizers.from_path``); token stores are keyed
+by the tokenizer, so two tokenizers never share one.
 
 A dataset is named as TFDS names it (``'shakespeare'``, ``'ding_en_de'``,
 ``'wmt14_translate/de-en'``, ``'lm1b'``, ...). ``DATASETS`` records for each
@@ -42,7 +50,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jax_transformer.data import builders, files, token_store
+from jax_transformer.data import builders, files, hf_datasets, token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError, first_line
@@ -68,6 +76,8 @@ class DatasetSpec:
     local: built by this package from files on this machine (no download).
     files: for ``data.name='files'``: (train paths, eval paths, held-out
       fraction), see ``files``.
+    hf: for a Hugging Face dataset: what it is built from, see
+      ``hf_datasets.spec_fields``.
   """
   name: str
   task: str
@@ -81,6 +91,7 @@ class DatasetSpec:
   vocab_size: int = 8000
   local: bool = False
   files: tuple | None = None
+  hf: tuple | None = None
 
   @property
   def text_features(self) -> tuple[str, ...]:
@@ -180,6 +191,12 @@ def spec_for(data_cfg: Any) -> DatasetSpec:
   if name == files.NAME:
     return _files_spec(d, task, text_key or 'text', languages,
                        lm_mode or 'stream')
+  if hf_datasets.is_huggingface(name):
+    keys = languages if task == 'translation' else (text_key or 'text',)
+    tfds_name, hf = hf_datasets.spec_fields(name, d, keys)
+    return DatasetSpec(tfds_name, task, text_key=text_key or 'text',
+                       languages=languages, lm_mode=lm_mode or 'stream',
+                       hf=hf)
   if name.startswith('files/'):
     raise UsageError(f'config.data.name={name!r}: your files are '
                      "config.data.name='files' with config.data.train_files.")
@@ -279,6 +296,8 @@ def _build_spec(spec: DatasetSpec, data_dir: str,
     files.build(data_dir, fingerprint=spec.name.split('/')[1],
                 keys=spec.text_features, train=train, evaluation=evaluation,
                 eval_fraction=fraction)
+  if spec.hf is not None:
+    hf_datasets.build(spec.name, spec.hf, spec.text_features, data_dir)
   return build(spec.name, data_dir, builder_kwargs)
 
 
@@ -368,10 +387,12 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   """
   d = _fields(data_cfg)
   spec = spec_for(d)
+  given = given_tokenizer(d)
   splits = tuple(dict.fromkeys((d.get('train_split') or 'train',
                                 d.get('eval_split') or 'validation')))
   prepared = _prepare(
-      spec, d.get('data_dir'), tokenizer=d.get('tokenizer'),
+      spec, d.get('data_dir'), given=given,
+      given_dir=d.get('tokenizer_path'), tokenizer=d.get('tokenizer'),
       vocab_size=d.get('vocab_size'),
       model_type=d.get('spm_model_type') or 'unigram',
       builder_kwargs=d.get('builder_kwargs'), splits=splits,
@@ -380,6 +401,37 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   for split in splits:
     _check_split(prepared, split, seq_len)
   return prepared
+
+
+def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
+  """The tokenizer ``data.tokenizer_path`` gives (``tokenizers.from_path``),
+  or None where it is unset (a tokenizer trained on the corpus); refuses in
+  one sentence a path that is no tokenizer, and a ``data.tokenizer`` or
+  ``data.vocab_size`` that says otherwise than the tokenizer."""
+  d = _fields(data_cfg)
+  path = d.get('tokenizer_path')
+  if path is None:
+    return None
+  if not isinstance(path, str) or not path:
+    raise UsageError('config.data.tokenizer_path must be the path of a '
+                     'tokenizer (a SentencePiece .model, a tokenizer.json or '
+                     f'a folder holding one), got {path!r}.')
+  tokenizer = tok.from_path(path)
+  # Unset: None, or on the command line '' and 0 (a recipe's value cannot
+  # be set back to None there).
+  kind = d.get('tokenizer')
+  if kind and kind != tokenizer.kind:
+    raise UsageError(
+        f'config.data.tokenizer={kind!r} trains a tokenizer on the corpus '
+        f'but config.data.tokenizer_path={path} gives a {tokenizer.kind} '
+        'one; unset it (--config.data.tokenizer=).')
+  size = d.get('vocab_size')
+  if size and size != tokenizer.vocab_size:
+    raise UsageError(
+        f'config.data.vocab_size={size} but the tokenizer of '
+        f'config.data.tokenizer_path={path} has {tokenizer.vocab_size} ids; '
+        'unset it (--config.data.vocab_size=0): the tokenizer gives it.')
+  return tokenizer
 
 
 def _check_split(prepared: PreparedData, split: str,
@@ -415,19 +467,48 @@ def _check_features(spec: DatasetSpec, builder) -> None:
                        'text feature.')
 
 
+def _check_splits_exist(spec: DatasetSpec, builder,
+                        splits: tuple[str, ...]) -> None:
+  """Refuses in one sentence a split (or a slice's split) the dataset does
+  not have, e.g. 'validation' of a dataset with 'train' alone."""
+  try:
+    have = set(builder.info.splits.keys())
+  except (AttributeError, TypeError):
+    return
+  if not have:
+    return
+  for split in splits:
+    for part in split.split('+'):
+      base = part.split('[')[0].strip()
+      if base and base not in have:
+        raise UsageError(
+            f'{spec.name} has no split {base!r} (it has '
+            f'{", ".join(map(repr, sorted(have)))}); set '
+            'config.data.train_split/eval_split, slices too (e.g. '
+            "'train[:99%]' and 'train[99%:]').")
+
+
 def _prepare(spec: DatasetSpec, data_dir: str | None, *,
              tokenizer: str | None, vocab_size: int | None, model_type: str,
              builder_kwargs: Mapping[str, Any] | None,
              splits: tuple[str, ...] | None = None,
              train_split: str | None = None,
              refuse_other_tokenizer: bool = False,
-             workers: int | None = None) -> PreparedData:
+             workers: int | None = None,
+             given: tok.Tokenizer | None = None,
+             given_dir: str | None = None) -> PreparedData:
   # Checked whatever the tokenizer, before the dataset is built: a typo
   # should not wait for a download.
   tok.check_model_type(model_type)
   data_dir = data_dir or default_data_dir()
   builder = _build_spec(spec, data_dir, builder_kwargs)
   _check_features(spec, builder)
+  if splits:
+    _check_splits_exist(spec, builder, splits)
+  if given is not None:  # data.tokenizer_path: used as it is
+    return _tokenize(spec, data_dir, builder, given,
+                     os.path.abspath(os.path.expanduser(given_dir or '')),
+                     splits, workers)
   kind = tokenizer or spec.tokenizer
   if kind not in (tok.ByteTokenizer.kind, tok.SentencePieceTokenizer.kind):
     raise UsageError(f"config.data.tokenizer must be 'byte' or "
@@ -457,6 +538,15 @@ def _prepare(spec: DatasetSpec, data_dir: str | None, *,
     tokenizer_obj = tok.make_tokenizer(kind, texts, vocab_size=vocab_size,
                                        model_type=model_type)
     _save_atomically(tokenizer_obj, tok_dir)
+  return _tokenize(spec, data_dir, builder, tokenizer_obj, tok_dir, splits,
+                   workers)
+
+
+def _tokenize(spec: DatasetSpec, data_dir: str, builder,
+              tokenizer_obj: tok.Tokenizer, tok_dir: str,
+              splits: tuple[str, ...] | None,
+              workers: int | None) -> PreparedData:
+  """The token stores of splits (default: all), keyed by the tokenizer."""
   num_examples = {split: info.num_examples
                   for split, info in builder.info.splits.items()}
   stores = {}

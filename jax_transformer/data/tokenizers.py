@@ -13,6 +13,11 @@ EOS    2    end of sequence; the last target (``tgt_out[-1]``)
 UNK    3    unknown piece (SentencePiece only; bytes cannot be unknown)
 ====== ==== ===============================================================
 
+A tokenizer brought by path (:func:`from_path`, ``data.tokenizer_path``: a
+SentencePiece ``.model`` or a Hugging Face ``tokenizer.json``) keeps its own
+ids instead, and says them in ``pad_id``/``bos_id``/``eos_id``/``unk_id``
+(None where it has none).
+
 ``encode`` never adds BOS/EOS (batching adds them where the task needs them);
 ``decode`` drops PAD, BOS and EOS wherever they appear, so it can be given a
 raw row of model output.
@@ -57,7 +62,6 @@ _SPM_FILE = 'spm.model'
 _HF_FILE = 'hf_tokenizer.json'
 # transformers' tokenizer settings (written by interop.hf_tokenizer).
 HF_CONFIG_FILE = 'tokenizer_config.json'
-_SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))
 
 
 def as_text(value: Any) -> str:
@@ -149,13 +153,17 @@ class SentencePieceTokenizer(_ReservedIds):
   def __init__(self, model_proto: bytes):
     self._proto = bytes(model_proto)
     self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
-    ids = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
-           self._sp.unk_id())
-    if ids != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-      raise UsageError(
-          f'SentencePiece model has (pad, bos, eos, unk) ids {ids}; this '
-          f'project needs {(PAD_ID, BOS_ID, EOS_ID, UNK_ID)}. Train it with '
-          'SentencePieceTokenizer.train.')
+    # The model's own special ids (a model trained here has the reserved
+    # layout; one brought by data.tokenizer_path, e.g. Llama 2's, has its
+    # own: unk 0, bos 1, eos 2, no pad); None where it has none.
+    ids = [self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(),
+           self._sp.unk_id()]
+    self.pad_id, self.bos_id, self.eos_id, self.unk_id = (
+        i if i >= 0 else None for i in ids)
+    if self.eos_id is None:
+      raise UsageError('The SentencePiece model has no end-of-sequence '
+                       'piece (eos_id -1): documents could not be ended.')
+    self._special = frozenset(i for i in ids[:3] if i >= 0)
 
   @classmethod
   def train(cls, texts: Iterable[str], vocab_size: int, *,
@@ -208,7 +216,7 @@ class SentencePieceTokenizer(_ReservedIds):
   def decode(self, ids: Iterable[int]) -> str:
     n = self.vocab_size
     return self._sp.decode([int(i) for i in ids
-                            if int(i) not in _SPECIAL_IDS and 0 <= int(i) < n])
+                            if int(i) not in self._special and 0 <= int(i) < n])
 
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))
@@ -350,6 +358,118 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   raise UsageError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
 
 
+# The usual names of special tokens, for a bare tokenizer.json that comes
+# without the tokenizer_config.json naming them.
+_USUAL_SPECIALS = {
+    'pad': ('<pad>', '[PAD]', '<|pad|>'),
+    'bos': ('<s>', '<|begin_of_text|>', '<bos>', '<|startoftext|>',
+            '[CLS]'),
+    'eos': ('</s>', '<|end_of_text|>', '<|endoftext|>', '<eos>', '[SEP]'),
+    'unk': ('<unk>', '[UNK]', '<|unk|>'),
+}
+_SPM_FILES = ('tokenizer.model', _SPM_FILE)
+
+
+def from_path(path: str | os.PathLike,
+              field: str = 'config.data.tokenizer_path') -> Tokenizer:
+  """An existing tokenizer, given by path (``data.tokenizer_path``):
+
+  * a SentencePiece model (``*.model``, or a folder holding
+    ``tokenizer.model``), with its own pad/bos/eos/unk ids;
+  * a Hugging Face ``tokenizer.json`` (GPT-2's, Llama's, one trained with
+    the ``tokenizers`` library), or a folder holding one: its special
+    tokens are those its ``tokenizer_config.json`` or
+    ``special_tokens_map.json`` names, else the usual names found in its
+    vocabulary (``<s>``/``</s>``, ``<|endoftext|>``, ...); with an end but
+    no begin token (GPT-2) the end token begins documents too;
+  * a folder written by ``Tokenizer.save`` (a workdir's ``tokenizer/``).
+
+  Refuses in one sentence naming ``field`` a path that is missing,
+  unreadable or none of these, and a tokenizer without an end-of-document
+  token.
+  """
+  shown = os.fspath(path)
+  p = epath.Path(os.path.expanduser(shown))
+
+  def refuse(why: str) -> UsageError:
+    return UsageError(f'{field}={shown}: {why}.')
+
+  try:
+    if not p.exists():
+      raise refuse('no such file or folder')
+    if p.is_dir():
+      if (p / _CONFIG_FILE).exists():
+        if 'kind' in json.loads((p / _CONFIG_FILE).read_text()):
+          return load_tokenizer(p)  # written by Tokenizer.save
+        return _hf_with_specials(p / _CONFIG_FILE, refuse)
+      model = next((p / n for n in _SPM_FILES if (p / n).exists()), None)
+      if model is None:
+        raise refuse('the folder holds no tokenizer.json and no '
+                      'tokenizer.model')
+      return _spm_from(model, refuse)
+    if p.name.endswith('.model'):
+      return _spm_from(p, refuse)
+    if p.name.endswith('.json'):
+      return _hf_with_specials(p, refuse)
+  except UsageError:
+    raise
+  except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
+    raise refuse(f'cannot be read as a tokenizer ({type(e).__name__}: '
+                 f'{str(e).splitlines()[0] if str(e) else ""})') from None
+  raise refuse('not a tokenizer file (a SentencePiece .model, a Hugging '
+               'Face tokenizer.json, or a folder holding one)')
+
+
+def _spm_from(path: epath.Path, refuse) -> SentencePieceTokenizer:
+  try:
+    return SentencePieceTokenizer(path.read_bytes())
+  except RuntimeError as e:  # not a model proto
+    raise refuse(f'not a SentencePiece model ({str(e).splitlines()[0]})'
+                 ) from None
+  except UsageError as e:
+    raise refuse(str(e).rstrip('.')) from None
+
+
+def _hf_with_specials(path: epath.Path, refuse) -> HuggingFaceTokenizer:
+  """The tokenizer.json at path, its specials from the files beside it,
+  else guessed from their usual names; refused without an end token."""
+  text = path.read_text(encoding='utf-8')
+  if not isinstance(json.loads(text).get('model'), dict):
+    raise refuse('not a Hugging Face tokenizer.json (it has no "model")')
+  specials: dict[str, str] = {}
+  for name in ('special_tokens_map.json', HF_CONFIG_FILE):
+    config_path = path.parent / name
+    if path.name != _CONFIG_FILE or not config_path.exists():
+      continue
+    config = json.loads(config_path.read_text(encoding='utf-8'))
+    for key in _HF_SPECIALS:
+      token = config.get(f'{key}_token')
+      if isinstance(token, dict):  # AddedToken as saved by older versions
+        token = token.get('content')
+      if isinstance(token, str):
+        specials[key] = token
+  try:
+    backend = _Backend.from_str(text)
+  except Exception as e:  # the tokenizers library raises its own
+    raise refuse(f'not a Hugging Face tokenizer ({str(e).splitlines()[0]})'
+                 ) from None
+  for key, usual in _USUAL_SPECIALS.items():
+    if key not in specials:
+      found = next((t for t in usual if backend.token_to_id(t) is not None),
+                   None)
+      if found is not None:
+        specials[key] = found
+  if 'eos' not in specials:
+    raise refuse('the tokenizer names no end-of-document token (eos); put '
+                 'a tokenizer_config.json with "eos_token" beside its '
+                 'tokenizer.json')
+  specials.setdefault('bos', specials['eos'])  # GPT-2: <|endoftext|>
+  try:
+    return HuggingFaceTokenizer(text, specials)
+  except UsageError as e:  # a named special token not in the vocabulary
+    raise refuse(str(e).rstrip('.')) from None
+
+
 def fingerprint(tokenizer: Tokenizer) -> str:
   """A sha256 hex digest of what fixes the tokenizer's ids (its kind and
   model), equal for equal tokenizers however they were saved or loaded."""
@@ -389,4 +509,4 @@ def make_tokenizer(kind: str, texts: Iterable[str] | None = None, *,
 __all__: Sequence[str] = (
     'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'NUM_RESERVED', 'Tokenizer',
     'ByteTokenizer', 'SentencePieceTokenizer', 'HuggingFaceTokenizer',
-    'load_tokenizer', 'make_tokenizer')
+    'from_path', 'load_tokenizer', 'make_tokenizer')

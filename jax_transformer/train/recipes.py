@@ -91,6 +91,14 @@ def base_config() -> ConfigDict:
       # training documents is held out.
       train_files=optional(str), eval_files=optional(str),
       eval_fraction=optional(float),
+      # name='huggingface:OWNER/NAME' (the Hub, or its cache offline):
+      # hf_config its config; name='huggingface': hf_path a save_to_disk
+      # folder (data/hf_datasets.py; pip install '.[hf]').
+      hf_config=optional(str), hf_path=optional(str),
+      # An existing tokenizer instead of one trained on the corpus: a
+      # SentencePiece .model, a Hugging Face tokenizer.json or a folder
+      # holding one (tokenizers.from_path); tokenizer and vocab_size unset.
+      tokenizer_path=optional(str),
       # Several sources with weights, read with this data's tokenizer
       # (docs/data.md, "Mixtures"): a tuple of dicts such as
       # {'name': 'shakespeare', 'weight': 3}; unset: config.data alone.
