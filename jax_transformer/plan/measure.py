@@ -1,6 +1,6 @@
 """Measured step times of planned layouts on the devices at hand: how the
-step-time model is checked (``tests/plan/test_rank_agreement.py`` on
-CPU host devices, ``scripts/benchmark.py --suite plan`` on a GPU or TPU).
+step-time model is checked (``scripts/benchmark.py --suite plan``, on CPU
+host devices or on a GPU or TPU).
 """
 
 from __future__ import annotations

@@ -77,7 +77,11 @@ def test_a_stalled_input_pipeline_ends_the_run_with_124_and_its_stacks(
   # The reader of step 5's batch blocks for good, as on a stalled mount.
   monkeypatch.setenv(faults.ENV, 'stall@data:5')
   proc = train(tmp_path / 'w', real_data_dir, '--config.num_steps=8',
-               '--config.checkpoint_every=2', '--config.step_timeout_s=3',
+               '--config.checkpoint_every=2',
+               # Long enough that no real step or save of a loaded machine
+               # passes it (3 s did, in CI beside other jobs), short enough
+               # to end the stalled run soon after step 4's save.
+               '--config.step_timeout_s=20',
                wait=False)
   try:
     out, _ = proc.communicate(timeout=300)
@@ -90,7 +94,7 @@ def test_a_stalled_input_pipeline_ends_the_run_with_124_and_its_stacks(
   assert 'faults.py", line' in out and 'in train_and_evaluate' in out, out
   last = out.strip().splitlines()[-1]
   assert last.startswith('No training step finished for '), last
-  assert ('(config.step_timeout_s=3); the stacks of all threads are above. '
+  assert ('(config.step_timeout_s=20); the stacks of all threads are above. '
           'Stopping with exit status 124: ') in last, last
   assert 'resume from checkpoint step 4.' in last, last
   assert os.path.isdir(tmp_path / 'w' / 'checkpoints' / '4')
