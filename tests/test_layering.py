@@ -121,9 +121,10 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
 
 
 def test_imports_inside_functions_are_only_optional_dependencies():
-  """Heavy optional packages (torch, transformers, fsspec's filesystems)
-  may be imported where used; everything else is at the top."""
-  optional = ('torch', 'transformers', 'fsspec',
+  """Heavy optional packages (torch, transformers, fsspec's filesystems,
+  pyarrow for Parquet corpora) may be imported where used; everything else
+  is at the top."""
+  optional = ('torch', 'transformers', 'fsspec', 'pyarrow',
               'jax_transformer.interop.torch_reference')
   inner = []
   for path in PACKAGE.rglob('*.py'):

@@ -53,6 +53,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import tensorflow_datasets as tfds
+import zstandard
 from etils import epath
 
 from jax_transformer.errors import UsageError
@@ -175,11 +176,6 @@ def _open_binary(path: str):
   if compression == '.gz':
     return gzip.GzipFile(fileobj=raw, mode='rb')
   if compression in ('.zst', '.zstd'):
-    try:
-      import zstandard  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise UsageError(f'{path}: reading .zst needs the zstandard package '
-                       '(pip install zstandard).') from None
     # Buffered: zstandard's reader has no readline of its own.
     return io.BufferedReader(
         zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
@@ -187,14 +183,8 @@ def _open_binary(path: str):
 
 
 def _read_errors():
-  errors: tuple[type[BaseException], ...] = (OSError, EOFError,
-                                              UnicodeDecodeError, zlib.error)
-  try:
-    import zstandard  # pylint: disable=g-import-not-at-top
-    errors += (zstandard.ZstdError,)
-  except ImportError:
-    pass
-  return errors
+  return (OSError, EOFError, UnicodeDecodeError, zlib.error,
+          zstandard.ZstdError)
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
