@@ -14,6 +14,16 @@ the LMs (as current LM recipes), the paper's 0.1 in the encoder-decoder.
 MFU follows ``perf.py``: model FLOPs (6 N per token plus attention, causal
 as half) x steps/s over the chip's dense bf16 peak (989 TFLOP/s for
 H100/H200), and also over the bf16 matmul rate measured in the same run.
+
+Beside each measured step: the roofline's prediction for the same
+executable on this device (``compile/step_model.py``, the target table's
+and the planner's model: ``predicted_step_s`` and ``mfu_bound``, with the
+chip's built-in rates on an accelerator, measured ones on CPU host
+devices), and ``measured_over_predicted``, so that the first run on
+hardware checks the model. The items are the table's small rows on one
+chip: ``gpt2_124m`` is ``configs/gpt2_small``'s model, ``gpt2_350m``
+``lm_350m``'s shape (at GPT-2's vocabulary), ``transformer_base``
+``wmt_base``'s.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import optax
 from flax import nnx
 
 from jax_transformer.bench.step import make_batch
+from jax_transformer.compile import step_model
 from jax_transformer.model.config import gpt2_small, transformer_base
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.model.params import split
@@ -114,7 +125,23 @@ def measure(name: str, steps: int, seconds: float) -> dict:
   if peak:
     row['mfu'] = flops['train'] / step_s / peak
     row['peak_tflops'] = peak / 1e12
+  row.update(predicted(train, config, item, src_len, flops['train']))
+  row['measured_over_predicted'] = step_s / row['predicted_step_s']
   return row
+
+
+def predicted(compiled, config, item: dict, src_len: int,
+              model_flops: float) -> dict:
+  """The step model's figures for this compiled step on this device."""
+  rates = step_model.Rates.of_devices(jax.devices()[:1])
+  kernel = step_model.ATTENTION_KERNEL_TRAIN * perf.attention_flops(
+      config, item['batch'], src_len, item['seq'])
+  cost = step_model.StepCost.of(compiled, kernel)
+  figures = step_model.predict(cost, rates, 1, model_flops, 1)
+  return dict(predicted_step_s=figures['predicted_step_s'],
+              mfu_bound=figures['mfu_bound'], rates=rates.name,
+              predicted_parts_s={k: figures[k] for k in
+                                 ('compute_s', 'hbm_s', 'link_s')})
 
 
 def run(items=tuple(ITEMS), steps: int = 20, seconds_per_item: float = 42,

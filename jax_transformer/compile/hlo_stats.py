@@ -203,9 +203,11 @@ def dot_flops(hlo: str) -> tuple[float, float]:
 def memory_bytes(hlo: str) -> tuple[float, float]:
   """Bytes read and written by the HLO's kernels (each instruction outside
   a fusion: its operands and result): (per step, each computation counted
-  once). A slice of a stacked array (a scanned layer's weights) reads the
-  slice, an update in place writes the update. Rough per instruction; its
-  use is the ratio of the two, which scales XLA's figure to a step."""
+  once). A slice of a stacked array (a scanned layer's weights, a layer's
+  saved activations) reads the slice, an update in place writes the
+  update, also where a fusion does them (``_fusion_io``). Rough per
+  instruction; its use is the ratio of the two, which scales XLA's figure
+  to a step."""
   comps, runs = _parsed(hlo)
   fused = {m.group(1) for lines in comps.values() for line in lines
            for m in [_FUSED.search(line)] if m}
@@ -214,24 +216,96 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
     sizes[_NAME.match(line).group(1)] = _bytes(shape)
     if line.lstrip().startswith('ROOT'):
       roots[name] = op
+  io = {name: _fusion_io(comps[name], sizes) for name in fused
+        if name in comps}
   per_step = once = 0.0
   for name, op, shape, line in _instructions(comps):
     if name in fused or op in _FREE or op.endswith('-done'):
       continue
-    kind = roots.get(_FUSED.search(line).group(1)) if op == 'fusion' else op
-    operands = _OPERANDS.search(line)
-    read = [sizes.get(o.strip().lstrip('%'), 0)
-            for o in (operands.group(1).split(',') if operands else [])]
+    called = _FUSED.search(line).group(1) if op == 'fusion' else None
+    kind = roots.get(called) if called else op
+    read = [sizes.get(o, 0) for o in _operand_names(line)]
     out = _bytes(shape)
-    if kind == 'dynamic-update-slice':
+    reads, written = io.get(called, ({}, None))
+    if reads or written is not None:
+      moved = sum(reads.get(i, n) for i, n in enumerate(read)) + (
+          out if written is None else written)
+    elif kind == 'dynamic-update-slice':
       moved = 2 * (sum(read) - max(read, default=0))
     elif kind == 'dynamic-slice':
       moved = 2 * out
+    elif op in ('slice-start', 'copy-start'):
+      # ((operand), result, context): an asynchronous copy of the result
+      # (a TPU's prefetch of a slice into its scoped memory).
+      arrays = _SHAPE.findall(shape)
+      moved = 2 * _bytes('{}[{}]'.format(*arrays[1])) if len(arrays) > 1 \
+          else out
     else:
       moved = out + sum(read)
     once += moved
     per_step += moved * runs.get(name, 0)
   return per_step, once
+
+
+_COMMENT = re.compile(r'/\*.*?\*/')
+_PARAMETER = re.compile(r' parameter\((\d+)\)')
+_SLICES = ('dynamic-slice', 'slice', 'gather')
+
+
+def _operand_names(line: str) -> list[str]:
+  """The instruction's operands' names."""
+  operands = _OPERANDS.search(_COMMENT.sub('', line))
+  return [o.strip().lstrip('%').split(' ')[-1].lstrip('%')
+          for o in (operands.group(1).split(',') if operands else [])
+          if o.strip()]
+
+
+def _fusion_io(lines: list[str], sizes: dict[str, int]
+               ) -> tuple[dict[int, int], int | None]:
+  """What a fused computation reads and writes where it slices or updates
+  in place: ({parameter index: bytes read} for a parameter only sliced
+  (its slices' bytes) or only updated in place (none), bytes written when
+  its root is an in-place update (the updates'), else None)."""
+  params, uses, ops, root = {}, {}, {}, None
+  for line in lines:
+    name = _NAME.match(line)
+    match = _INSTRUCTION.match(line)
+    if not name or not match:
+      continue
+    name, op = name.group(1), match.group(2)
+    ops[name] = (op, line)
+    if line.lstrip().startswith('ROOT'):
+      root = name
+    parameter = _PARAMETER.search(line)
+    if op == 'parameter' and parameter:
+      params[name] = int(parameter.group(1))
+      continue
+    for position, operand in enumerate(_operand_names(line)):
+      if operand in params:
+        uses.setdefault(operand, []).append((op, position, sizes.get(name, 0)))
+  reads = {}
+  for name, index in params.items():
+    used = uses.get(name, [])
+    if used and all(op in _SLICES and pos == 0 for op, pos, _ in used):
+      reads[index] = sum(n for _, _, n in used)
+    elif used and all(op == 'dynamic-update-slice' and pos == 0
+                      for op, pos, _ in used):
+      reads[index] = 0
+  if root is None:
+    return reads, None
+  op, line = ops[root]
+  elements = _operand_names(line) if op == 'tuple' else [root]
+  if not any(ops.get(e, ('',))[0] == 'dynamic-update-slice'
+             for e in elements):
+    return reads, None
+  written = 0
+  for element in elements:
+    kind, text = ops.get(element, ('', ''))
+    names = _operand_names(text)
+    written += (sizes.get(names[1], 0)
+                if kind == 'dynamic-update-slice' and len(names) > 1
+                else sizes.get(element, 0))
+  return reads, written
 
 
 def link_bytes(moved: dict[str, int]) -> float:

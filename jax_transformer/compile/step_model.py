@@ -205,8 +205,9 @@ def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
   model_per_step = model_flops_per_update / grad_accum_steps / chips
   compute = max(cost.flops, model_per_step) / rates.peak_flops
   hbm = cost.hbm_bytes / rates.hbm_bytes_per_s
-  link = (cost.link_bytes / rates.link_bytes_per_s
-          + cost.collectives * rates.collective_latency_s)
+  # One device moves nothing (and its measured link rate is 0).
+  link = ((cost.link_bytes / rates.link_bytes_per_s if cost.link_bytes
+           else 0.0) + cost.collectives * rates.collective_latency_s)
   step = max(compute, hbm, link) if rates.overlap else compute + hbm + link
   update = grad_accum_steps * step
   ideal = model_flops_per_update / (chips * rates.peak_flops)

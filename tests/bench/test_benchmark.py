@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 import repo
+import script_helpers
 
 from jax_transformer.bench import nanogpt, pipeline, step
 from jax_transformer.model.config import gpt2_small, transformer_base
@@ -93,6 +94,14 @@ def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   assert row['mfu_vs_matmul'] == pytest.approx(
       row['model_tflops_per_s'] / row['matmul_tflops_per_s'])
   assert 'mfu' not in row  # no built-in peak for a CPU
+  # The roofline's prediction beside the measurement (CPU host rates).
+  assert row['predicted_step_s'] > 0 and 0 < row['mfu_bound'] <= 1
+  assert row['measured_over_predicted'] == pytest.approx(
+      row['step_s'] / row['predicted_step_s'])
+  printed = script_helpers.load_script('benchmark').table([row])
+  for column in ('step_s=', 'predicted_step_s=', 'mfu_vs_matmul=',
+                 'mfu_bound=', 'measured_over_predicted='):
+    assert column in printed
 
 
 @pytest.mark.slow

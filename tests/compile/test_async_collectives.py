@@ -96,3 +96,51 @@ def test_a_sharded_step_for_h100s_has_async_collectives():
   counts = row['async_collectives']
   # XLA:GPU starts every collective of this step asynchronously.
   assert sum(counts['sync'].values()) == 0
+
+
+# A layer loop of 24 trips whose fusion reads one layer's slice of a
+# stacked [24, 1024] input and writes its output into a stacked [24, 1024]
+# buffer in place.
+STACKED_HLO = """HloModule m
+
+%fused_computation.5 (param_0.1: f32[24,1024], param_1.1: f32[24,1024], param_2.1: s32[]) -> f32[24,1024] {
+  %param_0.1 = f32[24,1024]{1,0} parameter(0)
+  %param_1.1 = f32[24,1024]{1,0} parameter(1)
+  %param_2.1 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  %dynamic-slice.1 = f32[1,1024]{1,0} dynamic-slice(%param_1.1, %param_2.1, %zero), dynamic_slice_sizes={1,1024}
+  %exp.1 = f32[1,1024]{1,0} exponential(%dynamic-slice.1)
+  ROOT %dynamic-update-slice.1 = f32[24,1024]{1,0} dynamic-update-slice(%param_0.1, %exp.1, %param_2.1, %zero)
+}
+
+%cond (p: (s32[], f32[24,1024], f32[24,1024])) -> pred[] {
+  %p = (s32[], f32[24,1024], f32[24,1024]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(24)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[24,1024], f32[24,1024])) -> (s32[], f32[24,1024], f32[24,1024]) {
+  %p = (s32[], f32[24,1024], f32[24,1024]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %out = f32[24,1024]{1,0} get-tuple-element(%p), index=1
+  %in = f32[24,1024]{1,0} get-tuple-element(%p), index=2
+  %fusion.5 = f32[24,1024]{1,0} fusion(%out, %in, %i), kind=kLoop, calls=%fused_computation.5
+  ROOT %t = (s32[], f32[24,1024], f32[24,1024]) tuple(%i, %fusion.5, %in)
+}
+
+ENTRY %main (a: f32[24,1024]) -> f32[24,1024] {
+  %a = f32[24,1024]{1,0} parameter(0)
+  %w = (s32[], f32[24,1024], f32[24,1024]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[24,1024] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_a_fused_slice_and_in_place_update_move_one_layer():
+  per_step, once = hlo_stats.memory_bytes(STACKED_HLO)
+  # Each trip reads one [1, 1024] f32 slice and the 4-byte counter, and
+  # writes one slice: not the two whole [24, 1024] arrays.
+  trip = 1024 * 4 * 2 + 4
+  assert per_step == 24 * trip
+  assert once == trip + 9  # and the loop's condition (a compare) once
