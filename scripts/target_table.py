@@ -263,8 +263,9 @@ def planned_flags(config: str, target: str, batch: int, budget_s: float,
   rows = [json.loads(line) for line in out.stdout.splitlines()
           if line.startswith('{')]
   best = next((r for r in rows if r.get('rank') == 1), None)
-  if out.returncode or best is None:
-    return failure(out.stderr) if out.returncode else 'no layout fits'
+  if best is None:
+    return (failure(out.stderr) if out.stderr.strip() else
+            'no layout it compiled fits')
   return ([f'--config.mesh.{k}={best[k]}' for k in ('data', 'fsdp', 'tensor')]
           + [f'--config.model.remat={best["remat"]}',
              f'--config.model.param_dtype={best["param_dtype"]}',

@@ -306,6 +306,33 @@ def test_the_table_compiles_at_the_rows_a_run_takes():
   assert table.table_batch('wmt_base', 'h100-8') == 128
 
 
+def test_the_planners_layout_becomes_the_pairs_flags(monkeypatch):
+  table = script_helpers.load_script('target_table')
+  best = {'rank': 1, 'data': 2, 'fsdp': 128, 'tensor': 1, 'remat': 'none',
+          'param_dtype': 'float32', 'loss_chunk_size': 131072,
+          'batch_size': 1024, 'grad_accum_steps': 1}
+  ran = []
+
+  def plan(cmd, **_):
+    ran.append(cmd)
+    return subprocess.CompletedProcess(
+        cmd, 0, json.dumps(dict(best, rank=2)) + '\n' + json.dumps(best)
+        + '\n| table |\n', '')
+  monkeypatch.setattr(table.subprocess, 'run', plan)
+  flags = table.planned_flags('lm_1_3b', 'v5e-256', 1024, 300, 60)
+  assert '--global_batch=1024' in ran[0] and '--budget_s=300' in ran[0]
+  assert flags == [
+      '--config.mesh.data=2', '--config.mesh.fsdp=128',
+      '--config.mesh.tensor=1', '--config.model.remat=none',
+      '--config.model.param_dtype=float32',
+      '--config.loss_chunk_size=131072', '--config.batch_size=1024',
+      '--config.eval_batch_size=1024', '--config.optim.grad_accum_steps=1']
+  monkeypatch.setattr(table.subprocess, 'run', lambda cmd, **_: (
+      subprocess.CompletedProcess(cmd, 1, '', '')))
+  assert table.planned_flags('lm_1_3b', 'v5e-256', 1024, 300, 60) == (
+      'no layout it compiled fits')
+
+
 def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
   table = script_helpers.load_script('target_table')
   # 10 GB fixed and 0.1 GB a row: 96 GB of room holds 960 rows.
