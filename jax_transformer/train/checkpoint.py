@@ -59,7 +59,11 @@ class Checkpointer:
   """Saves every N steps (async), keeps the last K, restores any mesh."""
 
   def __init__(self, workdir: str | WorkdirPaths, keep: int = 3,
-               async_save: bool = True):
+               async_save: bool = True, read_base=None):
+    # read_base(config, abstract base params) -> the frozen base of a LoRA
+    # run (``pretrained.frozen_base``): given by whoever opens one, since
+    # reading a base may read another workdir's checkpoints in turn.
+    self._read_base = read_base
     # Orbax reads every step's metadata here and logs a damaged one in its
     # own words; restore() reports it in ours.
     self.paths = resolve(workdir)
@@ -219,9 +223,11 @@ class Checkpointer:
     base = lora.frozen(abstract_params)
     if not base:
       return {}
-    # pretrained reads checkpoints of other workdirs: imported here only.
-    from jax_transformer.train import pretrained  # pylint: disable=import-outside-toplevel
-    return pretrained.frozen_base(load_config(self.paths), base)
+    if self._read_base is None:
+      raise UsageError(f'{self.paths} holds LoRA adapters, which need their '
+                       'base model: open it with train.py, '
+                       'scripts/generate.py, export.py or evaluate.py.')
+    return self._read_base(load_config(self.paths), base)
 
   def _restore_step(self, abstract_state: dict[str, Any], step: int
                     ) -> tuple[dict[str, Any], Any]:

@@ -35,17 +35,18 @@ import ml_collections
 import ml_dtypes
 import numpy as np
 from absl import flags
+from jax.sharding import NamedSharding
 from ml_collections import config_flags
 from tokenizers import Tokenizer
 
-from jax_transformer.data.tokenizers import HuggingFaceTokenizer
+from jax_transformer.data.tokenizers import HuggingFaceTokenizer, load_tokenizer
 from jax_transformer.errors import UsageError, first_line
-from jax_transformer.model import hf_families, lora
+from jax_transformer.model import hf_families, lora, sharding
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import checks, restore
+from jax_transformer.train import checkpoint, checks, experiment
 
 HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
 HF_INDEX = HF_WEIGHTS + '.index.json'
@@ -219,14 +220,30 @@ def hf_source(folder: str, path: str | None = None) -> Source:
 
 
 def workdir_source(path: str) -> Source:
-  """Another training workdir's latest checkpoint as a Source."""
-  workdir = restore.open_workdir(path)
+  """Another training workdir's latest checkpoint as a Source (a LoRA
+  run's merged into its base)."""
+  paths = resolve(path)
+  cfg = checkpoint.load_config(paths)
+  if cfg is None:
+    raise UsageError(f'config.init_from={path} has no config.json: not a '
+                     'training workdir.')
+  tokenizer = load_tokenizer(paths.tokenizer)
+  setup = experiment.setup(cfg, tokenizer.vocab_size)
 
   def place(model_config, shardings):
     del model_config  # the workdir's own
     mesh = next(iter(shardings.values())).mesh
-    params = restore.restore_params(workdir, [workdir.steps[-1]], mesh)
-    model_def = workdir.setup.model_def
+    specs = sharding.param_specs(setup.model_def.logical_axes)
+    abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                        sharding=NamedSharding(mesh, specs[k]))
+                for k, v in setup.abstract_params.items()}
+    reader = checkpoint.Checkpointer(paths, async_save=False,
+                                     read_base=frozen_base)
+    try:
+      params = reader.restore_params(abstract)
+    finally:
+      reader.close()
+    model_def = setup.model_def
     if isinstance(model_def, lora.LoraModelDef):  # a LoRA run: merged
       params = jax.jit(lambda p: lora.merged(p, model_def.targets,
                                              model_def.scale))(params)
@@ -234,9 +251,9 @@ def workdir_source(path: str) -> Source:
                                   params_lib.is_scanned(shardings))
     return {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
 
-  return Source(path, 'workdir', workdir.config.model_kind,
-                complete_fields(dataclasses.asdict(workdir.setup.model_config)),
-                lambda: workdir.tokenizer, place)
+  return Source(path, 'workdir', cfg.model_kind,
+                complete_fields(dataclasses.asdict(setup.model_config)),
+                lambda: tokenizer, place)
 
 
 def open_source(path: str) -> Source:

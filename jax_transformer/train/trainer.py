@@ -73,7 +73,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   # Ends this process with one line if another one is lost (liveness.py).
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(workdir.root, 0, 'workdir writable')
-  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints,
+                                         read_base=pretrained.frozen_base)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   try:
     run, compile_step = _start(cfg, workdir, mesh, checkpointer, writer,
