@@ -317,12 +317,15 @@ def link_bytes(moved: dict[str, int]) -> float:
 
 def collective_bytes(hlo: str) -> dict[str, int]:
   """Bytes per step of each collective kind (the largest array each
-  instruction moves, times the runs of its computation)."""
+  instruction moves, times the runs of its computation; a TPU's
+  asynchronous collective once, not once per fusion that holds a copy of
+  it)."""
   comps, runs = _parsed(hlo)
+  copies = _async_copies(comps)
   totals = dict.fromkeys(COLLECTIVES, 0)
   for name, op, shape, _ in _instructions(comps):
     kind = op.removesuffix('-start')
-    if kind in totals and not op.endswith('-done'):
+    if kind in totals and not op.endswith('-done') and name not in copies:
       totals[kind] += _bytes(shape) * runs.get(name, 0)
   return totals
 
@@ -330,8 +333,24 @@ def collective_bytes(hlo: str) -> dict[str, int]:
 def collective_launches(hlo: str) -> int:
   """Collectives started per step (each instruction times its runs)."""
   comps, runs = _parsed(hlo)
+  copies = _async_copies(comps)
   return sum(runs.get(name, 0) for name, op, _, _ in _instructions(comps)
-             if op.removesuffix('-start') in COLLECTIVES)
+             if op.removesuffix('-start') in COLLECTIVES
+             and name not in copies)
+
+
+def _async_copies(comps: dict[str, list[str]]) -> set[str]:
+  """The computations of a TPU's asynchronous collectives that repeat the
+  collective its start fusion holds: the ``async_collective_fusion``
+  computations between start and done, and the done fusion's."""
+  copies = {name for name in comps
+            if name.startswith(_TPU_ASYNC_COMPUTATION)}
+  for lines in comps.values():
+    for line in lines:
+      tpu = _TPU_ASYNC.match(line)
+      if tpu and tpu.group(1) == 'done':
+        copies.update(c for _, c in _CALLED.findall(line))
+  return copies
 
 
 def attention_kernels(hlo: str) -> list[str]:
@@ -377,11 +396,11 @@ def async_collectives(hlo: str) -> dict[str, dict[str, int]]:
         pairs['done'] += 1
   counts = {'async': dict.fromkeys(COLLECTIVES, 0),
             'sync': dict.fromkeys(COLLECTIVES, 0), 'pairs': pairs}
+  copies = _async_copies(comps)
   for name, op, _, _ in _instructions(comps):
     kind = op.removesuffix('-start')
-    if kind not in COLLECTIVES:
+    if kind not in COLLECTIVES or name in copies:
       continue
-    is_async = (op.endswith('-start') or name in inside
-                or name.startswith(_TPU_ASYNC_COMPUTATION))
+    is_async = op.endswith('-start') or name in inside
     counts['async' if is_async else 'sync'][kind] += 1
   return counts

@@ -33,15 +33,23 @@ TPU_HLO = """HloModule m
   ROOT %custom-call.1 = (bf16[64]{0}, bf16[256]{0}) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
 }
 
+%async_collective_fusion.3 (r: bf16[64]) -> bf16[256] {
+  %r = bf16[64]{0} parameter(0)
+  ROOT %all-gather.3 = bf16[256]{0} all-gather(%r), dimensions={0}
+}
+
 %fused_computation.2 (q: (bf16[64], bf16[256])) -> bf16[256] {
   %q = (bf16[64]{0}, bf16[256]{0}) parameter(0)
-  ROOT %custom-call.2 = bf16[256]{0} custom-call(%q), custom_call_target="AsyncCollectiveDone"
+  %q0 = bf16[64]{0} get-tuple-element(%q), index=0
+  %all-gather.2 = bf16[256]{0} all-gather(%q0), dimensions={0}
+  ROOT %custom-call.2 = bf16[256]{0} custom-call(%q, %all-gather.2), custom_call_target="AsyncCollectiveDone"
 }
 
 ENTRY %main (b: bf16[64], c: f32[8]) -> bf16[256] {
   %b = bf16[64]{0} parameter(0)
   %c = f32[8]{0} parameter(1)
   %async-collective-start.1 = (bf16[64]{0}, bf16[256]{0}) fusion(%b), kind=kCustom, calls=%fused_computation.1
+  %fusion.3 = bf16[256]{0} fusion(%b), kind=kLoop, calls=%async_collective_fusion.3
   %all-reduce.2 = f32[8]{0} all-reduce(%c), to_apply=%add
   ROOT %async-collective-done.1 = bf16[256]{0} fusion(%async-collective-start.1), kind=kCustom, calls=%fused_computation.2
 }
@@ -55,6 +63,12 @@ def test_start_done_pairs_are_counted_as_async(hlo):
   assert counts['async']['all-gather'] == 1
   assert counts['sync']['all-reduce'] == 1
   assert counts['sync']['all-gather'] == counts['async']['all-reduce'] == 0
+  # A TPU repeats the collective in the fusions between start and done:
+  # its bytes count once.
+  assert hlo_stats.collective_bytes(hlo) == {
+      'all-reduce': 8 * 4, 'all-gather': 256 * 2, 'reduce-scatter': 0,
+      'all-to-all': 0, 'collective-permute': 0}
+  assert hlo_stats.collective_launches(hlo) == 2
 
 
 # A tiny LM over 4 (TPU) or 8 (GPU) devices on fsdp: its weights are
