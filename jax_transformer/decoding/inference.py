@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_transformer import data, decoding
+from jax_transformer.data.batching import markers
 from jax_transformer.decoding.sampling import greedy, is_deterministic
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import EncoderDecoder
@@ -52,12 +53,15 @@ def is_blank(text: str) -> bool:
   return not text.strip()
 
 
-def layout(ids: Sequence[int], model, stream: bool = False) -> list[int]:
+def layout(ids: Sequence[int], model, stream: bool = False,
+           tokenizer=None) -> list[int]:
   """Token ids laid out as in training: a source gets EOS after it; a prompt
-  gets BOS first unless the LM was trained on a token stream."""
+  gets BOS first unless the LM was trained on a token stream (BOS and EOS
+  being the tokenizer's own, ``batching.markers``)."""
+  bos, eos = markers(tokenizer)
   if isinstance(model, EncoderDecoder):
-    return data.translation_source(ids)
-  return data.lm_prompt(ids, stream)
+    return data.translation_source(ids, eos)
+  return data.lm_prompt(ids, stream, bos)
 
 
 def encode_texts(texts: Sequence[str], tokenizer, model,
@@ -74,7 +78,7 @@ def encode_texts(texts: Sequence[str], tokenizer, model,
     ids = list(tokenizer.encode(text))
     if not ids:
       raise TextError(i, 'encodes to no tokens; give some text')
-    rows.append(layout(ids, model, stream))
+    rows.append(layout(ids, model, stream, tokenizer))
   return rows
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jax_transformer import data, decoding
+from jax_transformer.data.batching import markers
 from jax_transformer.decoding import sampling
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train import evaluation
@@ -135,15 +136,16 @@ def sample(setup, params, tokenizer, cfg) -> str:
   model = setup.model_def.merge(params)
   s = cfg.sample
   ids = tokenizer.encode(s.prompt)
+  bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
   sampler = sampling.Sampler(s.temperature, s.top_k or None)
   key = jax.random.key(cfg.seed)
   if cfg.model_kind == 'encoder_decoder':
-    out = decoding.generate(model, src_ids=[data.translation_source(ids)],
+    out = decoding.generate(model, src_ids=[data.translation_source(ids, eos)],
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
   stream = data.spec_for(cfg.data).lm_mode == 'stream'
-  out = decoding.generate(model, [data.lm_prompt(ids, stream)],
+  out = decoding.generate(model, [data.lm_prompt(ids, stream, bos)],
                           max_new_tokens=s.max_new_tokens, sampler=sampler,
                           key=key)
   return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
