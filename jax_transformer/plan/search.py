@@ -99,7 +99,22 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
     trips = 6 if c.remat == 'full' else 4
     moved += (trips * layers * 2 * rows * cfg.seq_len * mc.d_model * 2
               * (c.tensor - 1) / c.tensor)
-  return c.grad_accum_steps * (compute + moved / rates.link_bytes_per_s)
+  return c.grad_accum_steps * (compute + moved / rates.link_bytes_per_s
+                               + loss_chunk_hbm(c, cfg, mc)
+                               / rates.hbm_bytes_per_s)
+
+
+def loss_chunk_hbm(c: cands.Candidate, cfg: ml_collections.ConfigDict,
+                   mc) -> float:
+  """HBM bytes per chip a step's chunked loss spends on its head: each
+  chunk reads the gathered bf16 head three times (logits, their
+  recomputation, the rows' gradient) and reads and writes its float32
+  gradient slot, however few of the chunk's rows a chip holds."""
+  if not c.loss_chunk_size:
+    return 0.0
+  chunks = -(-c.batch_size * cfg.seq_len // c.loss_chunk_size)
+  head = mc.d_model * mc.vocab_size / c.tensor
+  return chunks * head * (3 * 2 + 2 * 4)
 
 
 class Cache:

@@ -139,3 +139,25 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
   others = [r for r in rows if not r['shipped']]
   assert {r['status'] for r in others} == {'pruned'}
   assert all('estimate x 3.00' in r['reason'] for r in others)
+
+
+def test_the_guess_counts_the_heads_reads_of_each_loss_chunk():
+  """A chunk of a few rows a chip still reads the whole head: the guess
+  puts 512 rows a shard before 8192 rows on 256 chips."""
+  from jax_transformer import cli
+  from jax_transformer.plan import candidates as cands
+  from jax_transformer.plan import search
+  from jax_transformer.train import experiment
+  cfg = cli.load_config('lm_350m')
+  mc = experiment.setup(cfg, 32768).model_config
+  small, per_shard = (cands.Candidate(1, 256, 1, 'dots', 'float32', chunk,
+                                      1024, 1) for chunk in (8192, 131072))
+  head = mc.d_model * mc.vocab_size
+  assert search.loss_chunk_hbm(small, cfg, mc) == 128 * head * 14
+  assert search.loss_chunk_hbm(per_shard, cfg, mc) == 8 * head * 14
+  where = search.Where('v5e-256', tuple(range(256)), 'tpu',
+                       search.step_model.Rates.of_target(
+                           search.targets.target('v5e-256')))
+  n = 350_000_000
+  assert (search.guess(per_shard, cfg, mc, n, where)
+          < search.guess(small, cfg, mc, n, where))
