@@ -103,10 +103,12 @@ def apply(platforms=('tpu', 'gpu'), on: bool | None = None) -> list[str]:
 
 
 def _backend_started() -> bool:
-  """Whether this process's JAX has started a backend (read without
-  importing JAX)."""
+  """Whether this process's JAX has started a GPU backend, which read
+  XLA_FLAGS as it started (read without importing JAX). A started CPU
+  backend does not matter: the GPU options are for a GPU's compiler."""
   bridge = sys.modules.get('jax._src.xla_bridge')
-  return bool(getattr(bridge, '_backends', None))
+  started = getattr(bridge, '_backends', None) or {}
+  return any(name in ('cuda', 'rocm', 'gpu') for name in started)
 
 
 def in_force(platform: str) -> list[tuple[str, str]]:

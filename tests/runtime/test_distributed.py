@@ -177,7 +177,8 @@ def test_a_message_is_received_or_its_wait_names_the_flag(two_processes):
 @pytest.fixture
 def prepare_as(two_processes, monkeypatch):
   """trainer.prepare_data as one process of two sharing a fake store;
-  data.prepare fails with the error given, if any."""
+  the preparation (data.mixture.prepare_for, the run's data door) fails
+  with the error given, if any."""
   client = two_processes(FakeClient())
 
   def run(process, error=None):
@@ -186,9 +187,9 @@ def prepare_as(two_processes, monkeypatch):
         raise error
       return f'prepared by {process}'
     monkeypatch.setattr(jax, 'process_index', lambda: process)
-    monkeypatch.setattr(trainer.data, 'prepare', prepare)
+    monkeypatch.setattr(trainer.data.mixture, 'prepare_for', prepare)
     return trainer.prepare_data(ml_collections.ConfigDict(
-        {'data': {'name': 'shakespeare'}}))
+        {'seq_len': 8, 'data': {'name': 'shakespeare'}}))
   return client, run
 
 
