@@ -108,7 +108,7 @@ def test_import_params_reads_config_flags_as_train_does(capsys, tmp_path):
 
 
 @pytest.mark.parametrize('override, needle', [
-    ('--config.mesh.data=3', 'config.mesh asks for 3 devices but'),
+    ('--config.mesh.data=3', 'needs 3 devices but 8 are available'),
     ('--config.batch_size=12', 'Batch size 12 is not divisible by the 8'),
     ('--config.model.num_heads=3', 'd_model=32 is not divisible by '
      'num_heads=3'),
