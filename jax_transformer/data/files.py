@@ -419,6 +419,14 @@ def build(data_dir: str, *, fingerprint: str, keys: Sequence[str],
     builder.download_and_prepare()
   except UsageError:
     raise
+  except FileExistsError:
+    # Another process on the same data_dir (a second run started beside
+    # this one) finished the same corpus first: the same files, so the same
+    # dataset. This one's unfinished copy is left to TFDS's incomplete.*.
+    if os.path.exists(os.path.join(builder_dir(data_dir, fingerprint),
+                                   'dataset_info.json')):
+      return
+    raise
   except Exception as e:
     # TFDS may wrap what a generator raised; the reason is the first one.
     cause = e
