@@ -285,13 +285,7 @@ class HuggingFaceTokenizer:
       if not os.path.exists(path):
         continue
       with open(path, encoding='utf-8') as f:
-        config = json.load(f)
-      for key in _HF_SPECIALS:
-        token = config.get(f'{key}_token')
-        if isinstance(token, dict):  # AddedToken as saved by older versions
-          token = token.get('content')
-        if isinstance(token, str):
-          specials[key] = token
+        specials.update(_named_specials(json.load(f)))
     return cls(text, specials)
 
   def _special_id(self, name: str) -> int | None:
@@ -441,13 +435,8 @@ def _hf_with_specials(path: epath.Path, refuse) -> HuggingFaceTokenizer:
     config_path = path.parent / name
     if path.name != _CONFIG_FILE or not config_path.exists():
       continue
-    config = json.loads(config_path.read_text(encoding='utf-8'))
-    for key in _HF_SPECIALS:
-      token = config.get(f'{key}_token')
-      if isinstance(token, dict):  # AddedToken as saved by older versions
-        token = token.get('content')
-      if isinstance(token, str):
-        specials[key] = token
+    specials.update(_named_specials(
+        json.loads(config_path.read_text(encoding='utf-8'))))
   try:
     backend = _Backend.from_str(text)
   except Exception as e:  # the tokenizers library raises its own
@@ -510,3 +499,16 @@ __all__: Sequence[str] = (
     'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'NUM_RESERVED', 'Tokenizer',
     'ByteTokenizer', 'SentencePieceTokenizer', 'HuggingFaceTokenizer',
     'from_path', 'load_tokenizer', 'make_tokenizer')
+
+
+def _named_specials(config: dict) -> dict[str, str]:
+  """{'bos': '<s>', ...}: the special tokens a Hugging Face tokenizer
+  config file names (special_tokens_map.json, tokenizer_config.json)."""
+  out = {}
+  for key in _HF_SPECIALS:
+    token = config.get(f'{key}_token')
+    if isinstance(token, dict):  # AddedToken as saved by older versions
+      token = token.get('content')
+    if isinstance(token, str):
+      out[key] = token
+  return out
