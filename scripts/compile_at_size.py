@@ -83,6 +83,9 @@ def parse_args(argv):
   flags.DEFINE_string('mesh', '1,4,2', 'data,fsdp,tensor', flag_values=values)
   target_flags.define_target(values)
   target_flags.define_serialize(values)
+  flags.DEFINE_bool('train_only', False, 'With --target: compile the train '
+                    'step alone (not the eval step and the decode).',
+                    flag_values=values)
   target_flags.define_overlap(values)
   target_flags.define_output(values, 'the JSON lines')
   cfg, spec = target_flags.parse('compile_at_size.py', argv, values,
@@ -97,6 +100,9 @@ def parse_args(argv):
                        '--target NAME too.')
     if values.slices != 1:
       raise UsageError('--slices needs --target NAME.')
+    if values.train_only:
+      raise UsageError('--train_only narrows a --target compile; give '
+                       '--target NAME too.')
     return None, None, values
   given = [f'--{name}' for name in SUITE_FLAGS if values[name].present]
   if given:
@@ -192,7 +198,7 @@ def table(rows: list[dict]) -> str:
 
 def target_main(cfg, spec: str, values) -> int:
   row = report.report(cfg, spec, values.target, values.slices,
-                      values.serialize)
+                      values.serialize, values.train_only)
   stream([row], values.output)
   print(report.summary(row), file=sys.stderr)
   return 0

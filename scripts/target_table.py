@@ -76,6 +76,9 @@ def parse_args(argv=None):
                      'for one pair', flag_values=values)
   flags.DEFINE_bool('largest_batch', True, 'compile each pair a second time '
                     'for its largest batch', flag_values=values)
+  flags.DEFINE_bool('train_only', False, 'compile the train step alone (not '
+                    'the eval step and the decode: about half the time)',
+                    flag_values=values)
   target_flags.define_output(values)
   argv = sys.argv[1:] if argv is None else list(argv)
   target_flags.parse('target_table.py', argv, values, __doc__, config='never')
@@ -121,9 +124,10 @@ def failure(stderr: str) -> str:
   return (raised or told or ['(no output)'])[-1]
 
 
-def largest_batch(row: dict, timeout: float) -> int | None:
+def largest_batch(row: dict, timeout: float, *extra: str) -> int | None:
   """The largest global batch that fits a chip, a multiple of the batch
-  shards, from row's per-chip bytes and a second compile's."""
+  shards, from row's per-chip bytes and a second compile's (with the
+  compile_at_size.py flags ``extra``)."""
   shipped = row['batch_size']
   shards = row['mesh']['data'] * row['mesh']['fsdp']
   half = shipped // 2
@@ -131,7 +135,7 @@ def largest_batch(row: dict, timeout: float) -> int | None:
   second = compile_pair(row['config'], row['target'], timeout,
                         f'--config.batch_size={other}',
                         f'--config.eval_batch_size={other}',
-                        *row.get('layout_flags', ()))
+                        *row.get('layout_flags', ()), *extra)
   need, need2 = row['per_chip_bytes'], second.get('per_chip_bytes')
   if not need or not need2:
     return None
@@ -201,7 +205,7 @@ def main(argv=None) -> int:
       for row in (r for layout in args.layouts
                   for r in pair_rows(config, target, args.timeout,
                                      args.largest_batch, layout,
-                                     args.plan_budget_s)):
+                                     args.plan_budget_s, args.train_only)):
         print(f'{config} on {row["target"]}: '
               f'{row.get("error") or "compiled"}', file=sys.stderr,
               flush=True)
@@ -277,10 +281,12 @@ def planned_flags(config: str, target: str, batch: int, budget_s: float,
 
 def pair_rows(config: str, target: str, timeout: float,
               largest: bool = True, layout: str = 'shipped',
-              plan_budget_s: float = 900) -> list[dict]:
+              plan_budget_s: float = 900,
+              train_only: bool = False) -> list[dict]:
   """The pair's row in the layout (with its largest batch unless
-  ``largest`` is False); for a GPU host it does not fit, the eight-host
-  target's row too."""
+  ``largest`` is False; the train step alone with ``train_only``); for a
+  GPU host it does not fit, the eight-host target's row too."""
+  extra = ['--train_only'] if train_only else []
   batch = table_batch(config, target)
   if layout == 'planner':
     flags_ = planned_flags(config, target, batch, plan_budget_s, timeout)
@@ -291,19 +297,21 @@ def pair_rows(config: str, target: str, timeout: float,
     flags_ = [f'--config.batch_size={batch}',
               f'--config.eval_batch_size={batch}',
               *mesh_flags(config, target)]
-  row = compile_pair(config, target, timeout, *flags_)
+  row = compile_pair(config, target, timeout, *flags_, *extra)
   row.update(layout=layout, layout_flags=[
       f for f in flags_ if not f.startswith(('--config.batch_size',
                                              '--config.eval_batch_size'))])
   if 'error' in row:
     return [row]
-  row['largest_batch'] = largest_batch(row, timeout) if largest else None
+  row['largest_batch'] = (largest_batch(row, timeout, *extra) if largest
+                          else None)
   hosts = target.replace('-8', '-64')
   if row['fits'] or hosts == target or hosts not in targets.TARGETS:
     return [row]
   if layout != 'shipped':
     return [row]
-  return [row] + pair_rows(config, hosts, timeout, largest)
+  return [row] + pair_rows(config, hosts, timeout, largest,
+                           train_only=train_only)
 
 
 if __name__ == '__main__':

@@ -86,13 +86,19 @@ def _compile(jitted, args, mesh, platform: str) -> StepCompile:
 
 
 def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
-                  platform: str, vocab_size: int = 32768
-                  ) -> tuple[StepCompile, StepCompile, dict]:
-  """cfg's train and eval steps on a mesh of devices; also facts of the
-  run for the report (setup, the pre-flight estimate, the mesh)."""
+                  platform: str, vocab_size: int = 32768,
+                  train_only: bool = False
+                  ) -> tuple[StepCompile, StepCompile | None, dict]:
+  """cfg's train and eval steps (and decode) on a mesh of devices; also
+  facts of the run for the report (setup, the pre-flight estimate, the
+  mesh). ``train_only``: the train step alone (evaluation and the decode
+  None)."""
   run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
+  if train_only:
+    return train, None, {'setup': setup, 'mesh': mesh, 'decode': None,
+                         'estimate': run.estimate}
   eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
   evaluation = _compile(eval_step, (run.state['params'], run.batch), mesh,
                         platform)
@@ -169,15 +175,19 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
 
 
 def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
-           slices: int = 1, serialize: str | None = None) -> dict[str, Any]:
-  """One JSON row: cfg (named spec) compiled for target_name x slices."""
+           slices: int = 1, serialize: str | None = None,
+           train_only: bool = False) -> dict[str, Any]:
+  """One JSON row: cfg (named spec) compiled for target_name x slices
+  (``train_only``: the train step alone, the row without eval_* and
+  decode_* fields)."""
   target = targets.target(target_name)
   devices = target_devices(target, slices)
   platform = target.kernel_platform
   chip = targets.CHIPS[target.chip]
   kernel_note = None
   try:
-    train, evaluation, facts = compile_steps(cfg, devices, platform)
+    train, evaluation, facts = compile_steps(cfg, devices, platform,
+                                             train_only=train_only)
   except jax.errors.JaxRuntimeError as err:
     if 'cudnn' not in str(err).lower():
       raise
@@ -187,7 +197,8 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     kernel_note = ("cudnn (auto) did not compile here: cuDNN's library is "
                    "not installed (pip install -e '.[aot-gpu]'); compiled "
                    'with xla')
-    train, evaluation, facts = compile_steps(cfg, devices, platform)
+    train, evaluation, facts = compile_steps(cfg, devices, platform,
+                                             train_only=train_only)
   setup, mesh = facts['setup'], facts['mesh']
   in_hlo = (hlo_stats.attention_kernels(train.compiled.as_text())
             if train.compiled is not None else [])
@@ -208,15 +219,10 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
       'over_by_bytes': max(0, (per_chip or 0) - chip_memory),
       'estimate_bytes': facts['estimate'].total,
       'compile_s': round(train.compile_s, 2),
-      'eval_compile_s': round(evaluation.compile_s, 2),
-      'eval_per_chip_bytes': evaluation.per_chip_bytes,
-      'decode_compile_s': round(facts['decode'].compile_s, 2),
-      'decode_per_chip_bytes': facts['decode'].per_chip_bytes,
-      'eval_fits': evaluation.fits(chip_memory),
-      'decode_fits': facts['decode'].fits(chip_memory),
+      **_other_steps(evaluation, facts['decode'], chip_memory),
       'refused': {name: step.refused for name, step in (
           ('train', train), ('eval', evaluation), ('decode', facts['decode']))
-                  if step.refused},
+                  if step is not None and step.refused},
       'attention_kernel': kernel_note or kernel,
       'attention_kernels_in_hlo': in_hlo,
       'xla_options': xla_options.describe(target.kernel_platform),
@@ -231,6 +237,19 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     _serialize(train.compiled, serialize)
     row['serialized'] = serialize
   return row
+
+
+def _other_steps(evaluation: StepCompile | None,
+                 decode: StepCompile | None,
+                 chip_memory: int) -> dict[str, Any]:
+  """The row's eval_* and decode_* fields (none for a train step alone)."""
+  fields = {}
+  for name, step in (('eval', evaluation), ('decode', decode)):
+    if step is not None:
+      fields.update({f'{name}_compile_s': round(step.compile_s, 2),
+                     f'{name}_per_chip_bytes': step.per_chip_bytes,
+                     f'{name}_fits': step.fits(chip_memory)})
+  return fields
 
 
 def target_devices(target: targets.Target, slices: int = 1) -> list:

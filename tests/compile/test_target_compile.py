@@ -202,10 +202,14 @@ def test_a_translation_model_with_padding_compiles_for_cudnn():
 def test_two_slices_compile_with_the_data_axis_across_them():
   out = compile_at_size('--target', 'v5e-4', '--slices', '2', '--config',
                         'lm_shakespeare:tiny', '--config.mesh.data=2',
-                        '--config.mesh.fsdp=4', '--config.batch_size=16')
+                        '--config.mesh.fsdp=4', '--config.batch_size=16',
+                        '--train_only')
   assert out.returncode == 0, out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['devices'] == 8 and row['slices'] == 2
+  # The train step alone: no eval step or decode was compiled.
+  assert row['compile_s'] > 0
+  assert not any(k.startswith(('eval_', 'decode_')) for k in row), row
   assert row['mesh'] == {'data': 2, 'fsdp': 4, 'tensor': 1}
   # The hybrid mesh the run builds (model/sharding.make_mesh): data alone
   # crosses between the slices.
