@@ -17,16 +17,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from jax_transformer.data import batching
+from jax_transformer.data import batching, files
 from jax_transformer.model import attention, sharding
 from jax_transformer.train import checks, experiment, memory, steps
 
 
 def abstract_batch(cfg: ml_collections.ConfigDict,
                    mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """The shapes and shardings of one global batch of this config."""
+  """The shapes and shardings of one global batch of this config (with a
+  loss_mask where the run reads instruction data)."""
   if cfg.model_kind == 'decoder_lm':
-    layout = batching.lm_layout(cfg.seq_len)
+    layout = (batching.instruction_layout(cfg.seq_len)
+              if _reads_instructions(cfg) else batching.lm_layout(cfg.seq_len))
   else:
     layout = batching.translation_layout(experiment.source_len(cfg),
                                          cfg.seq_len)
@@ -36,6 +38,14 @@ def abstract_batch(cfg: ml_collections.ConfigDict,
           for group in layout
           for key in (*group.features, group.segment_key,
                       group.position_key)}
+
+
+def _reads_instructions(cfg: ml_collections.ConfigDict) -> bool:
+  """data.direction=prompt-completion: from the config alone, since the
+  files a run reads need not be on the host that compiles for it."""
+  direction = cfg.data.get('direction')
+  return (isinstance(direction, str)
+          and files.is_instruction(direction.split('-')))
 
 
 def lower(jitted, args, mesh, platform: str) -> jax.stages.Lowered:

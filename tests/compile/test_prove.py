@@ -47,3 +47,22 @@ def test_remat_lowers_xla_memory_at_size():
   none, full = (prove.prove(small(4, True, r), 256).xla.temporaries
                 for r in ('none', 'full'))
   assert full < none
+
+
+def test_an_instruction_run_is_lowered_with_its_loss_mask(tmp_path):
+  """A fine-tuning run on prompt/completion data trains on the completion
+  only: the step compiled for it takes the batch's loss_mask."""
+  import jax
+  from jax_transformer.compile import lowering
+  from jax_transformer.model import sharding
+  cfg = small(2, True)
+  mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:8])
+  assert 'loss_mask' not in lowering.abstract_batch(cfg, mesh)
+  data = tmp_path / 'chat.jsonl'
+  data.write_text('{"prompt": "Hi", "completion": " there"}\n')
+  cfg.data.update(name='files', direction='prompt-completion',
+                  train_files=str(data))
+  batch = lowering.abstract_batch(cfg, mesh)
+  assert batch['loss_mask'].shape == (8, 64)
+  run = lowering.lower_train(cfg, jax.devices()[:8], 'cpu', vocab_size=256)
+  assert 'loss_mask' in run.batch
