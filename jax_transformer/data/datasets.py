@@ -403,6 +403,27 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   return prepared
 
 
+def prepare_alongside(data_cfg: Any, prepared: PreparedData,
+                      splits: tuple[str, ...], *, seq_len: int | None = None,
+                      workers: int | None = None) -> None:
+  """Another dataset read by the same run (a mixture's source) prepared
+  with the run's tokenizer (``prepared.tokenizer``): its TFDS dataset
+  built, its features checked, each split's token store written, then a
+  split that is empty or (given seq_len) too short for a window refused
+  in one sentence, as ``prepare_for`` does."""
+  d = _fields(data_cfg)
+  spec = spec_for(d)
+  data_dir = d.get('data_dir') or default_data_dir()
+  _check_features(spec, _build_spec(spec, data_dir, d.get('builder_kwargs')))
+  here = dataclasses.replace(prepared, spec=spec, data_dir=data_dir)
+  for split in dict.fromkeys(splits):
+    token_store.open_or_build(
+        data_dir, spec.home, split, prepared.tokenizer, spec.text_features,
+        functools.partial(load_source, spec, split, data_dir),
+        workers=workers or d.get('prepare_workers'))
+    _check_split(here, split, seq_len)
+
+
 def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
   """The tokenizer ``data.tokenizer_path`` gives (``tokenizers.from_path``),
   or None where it is unset (a tokenizer trained on the corpus); refuses in

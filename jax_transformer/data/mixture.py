@@ -32,7 +32,6 @@ them together (``eval_loss``, pooled over tokens).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -40,7 +39,7 @@ from typing import Any, Callable
 import grain
 import numpy as np
 
-from jax_transformer.data import datasets, token_store
+from jax_transformer.data import datasets
 from jax_transformer.errors import UsageError
 
 # What a source may set (its dataset's fields, its weight and label).
@@ -142,18 +141,10 @@ def prepare_for(data_cfg: Any, **kwargs: Any) -> datasets.PreparedData:
   refusing an empty split or (given seq_len) one too short for a window."""
   prepared = datasets.prepare_for(data_cfg, **kwargs)
   for s in sources(data_cfg):
-    spec = datasets.spec_for(s.data)
-    data_dir = s.data.get('data_dir') or datasets.default_data_dir()
-    builder = datasets._build_spec(spec, data_dir,  # pylint: disable=protected-access
-                                   s.data.get('builder_kwargs'))
-    datasets._check_features(spec, builder)  # pylint: disable=protected-access
-    here = dataclasses.replace(prepared, spec=spec, data_dir=data_dir)
-    for split in dict.fromkeys((s.train_split, s.eval_split)):
-      token_store.open_or_build(
-          data_dir, spec.home, split, prepared.tokenizer, spec.text_features,
-          functools.partial(datasets.load_source, spec, split, data_dir),
-          workers=kwargs.get('workers') or s.data.get('prepare_workers'))
-      datasets._check_split(here, split, kwargs.get('seq_len'))  # pylint: disable=protected-access
+    datasets.prepare_alongside(s.data, prepared,
+                               (s.train_split, s.eval_split),
+                               seq_len=kwargs.get('seq_len'),
+                               workers=kwargs.get('workers'))
   return prepared
 
 

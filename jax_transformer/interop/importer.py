@@ -314,14 +314,20 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
   model_config, extra_flags = fit_config(cfg, source, tokenizer)
   params = build_params(source, model_config)
   write_workdir(workdir, cfg, tokenizer, params, source.step)
-  notes = []
-  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
-  if moved:
-    notes.append(
-        f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '
-        'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
-        'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
+  notes = reserved_id_notes(tokenizer)
   return Imported(workdir, source.step, model_config, extra_flags, notes)
+
+
+def reserved_id_notes(tokenizer) -> list[str]:
+  """A note where the tokenizer's special ids are not the reserved ones
+  (``reserved_ids.py``), else none."""
+  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
+  if not moved:
+    return []
+  return [f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 '
+          'BOS=1 EOS=2 that train.py uses: generate.py stops at the '
+          'tokenizer\'s own EOS, but BOS/EOS markers in training data become '
+          'ids 1 and 2.']
 
 
 def local_mesh(setup) -> jax.sharding.Mesh:
@@ -371,12 +377,6 @@ def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
   finally:
     checkpointer.close()
   notes = [f'{path} is a {source.what} model: every config.model field was '
-           'taken from its config.json.']
-  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
-  if moved:
-    notes.append(
-        f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 BOS=1 '
-        'EOS=2 that train.py uses: generate.py stops at the tokenizer\'s own '
-        'EOS, but BOS/EOS markers in training data become ids 1 and 2.')
+           'taken from its config.json.', *reserved_id_notes(tokenizer)]
   return Imported(workdir, 0, setup.model_config,
                   [f'--config.init_from={path}'], notes)
