@@ -216,8 +216,10 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
     sizes[_NAME.match(line).group(1)] = _bytes(shape)
     if line.lstrip().startswith('ROOT'):
       roots[name] = op
-  io = {name: _fusion_io(comps[name], sizes) for name in fused
-        if name in comps}
+  io: dict[str, tuple[dict[int, int], int | None]] = {}
+  for name in fused:
+    if name in comps:
+      _fusion_io(name, comps, sizes, io)
   per_step = once = 0.0
   for name, op, shape, line in _instructions(comps):
     if name in fused or op in _FREE or op.endswith('-done'):
@@ -260,14 +262,21 @@ def _operand_names(line: str) -> list[str]:
           if o.strip()]
 
 
-def _fusion_io(lines: list[str], sizes: dict[str, int]
+def _fusion_io(called: str, comps: dict[str, list[str]],
+               sizes: dict[str, int],
+               io: dict[str, tuple[dict[int, int], int | None]]
                ) -> tuple[dict[int, int], int | None]:
-  """What a fused computation reads and writes where it slices or updates
-  in place: ({parameter index: bytes read} for a parameter only sliced
-  (its slices' bytes) or only updated in place (none), bytes written when
-  its root is an in-place update (the updates'), else None)."""
+  """What the fused computation ``called`` reads and writes where it
+  slices or updates in place: ({parameter index: bytes read} for a
+  parameter only sliced (its slices' bytes) or only updated in place
+  (none), bytes written when its root is an in-place update (the
+  updates'), else None). A fusion nested inside it counts as the slices
+  and updates it does (a TPU nests a layer's slice of a stacked array in
+  the fusion that uses it). Memoised in ``io``."""
+  if called in io:
+    return io[called]
   params, uses, ops, root = {}, {}, {}, None
-  for line in lines:
+  for line in comps[called]:
     name = _NAME.match(line)
     match = _INSTRUCTION.match(line)
     if not name or not match:
@@ -280,9 +289,11 @@ def _fusion_io(lines: list[str], sizes: dict[str, int]
     if op == 'parameter' and parameter:
       params[name] = int(parameter.group(1))
       continue
+    nested = _nested_io(op, line, comps, sizes, io)
     for position, operand in enumerate(_operand_names(line)):
       if operand in params:
-        uses.setdefault(operand, []).append((op, position, sizes.get(name, 0)))
+        uses.setdefault(operand, []).append(
+            _use(op, position, sizes.get(name, 0), nested))
   reads = {}
   for name, index in params.items():
     used = uses.get(name, [])
@@ -291,21 +302,51 @@ def _fusion_io(lines: list[str], sizes: dict[str, int]
     elif used and all(op == 'dynamic-update-slice' and pos == 0
                       for op, pos, _ in used):
       reads[index] = 0
+  io[called] = (reads, _written(root, ops, comps, sizes, io))
+  return io[called]
+
+
+def _nested_io(op: str, line: str, comps: dict[str, list[str]],
+               sizes: dict[str, int], io: dict
+               ) -> tuple[dict[int, int], int | None] | None:
+  """_fusion_io of the computation a nested fusion instruction calls."""
+  called = _FUSED.search(line) if op == 'fusion' else None
+  if called is None or called.group(1) not in comps:
+    return None
+  return _fusion_io(called.group(1), comps, sizes, io)
+
+
+def _use(op: str, position: int, out: int, nested) -> tuple[str, int, int]:
+  """(op, operand position, bytes) of one use of a fused parameter; a
+  nested fusion's use as the slice or in-place update it does there."""
+  if nested is not None and position in nested[0]:
+    read = nested[0][position]
+    return ('slice', 0, read) if read else ('dynamic-update-slice', 0, 0)
+  return op, position, out
+
+
+def _written(root: str | None, ops: dict[str, tuple[str, str]],
+             comps: dict[str, list[str]], sizes: dict[str, int],
+             io: dict) -> int | None:
+  """Bytes a fused computation writes when its root (or an element of its
+  root tuple) is an in-place update, directly or in a nested fusion: the
+  updates' bytes; else None."""
   if root is None:
-    return reads, None
+    return None
   op, line = ops[root]
   elements = _operand_names(line) if op == 'tuple' else [root]
-  if not any(ops.get(e, ('',))[0] == 'dynamic-update-slice'
-             for e in elements):
-    return reads, None
-  written = 0
+  updates = {}
   for element in elements:
     kind, text = ops.get(element, ('', ''))
     names = _operand_names(text)
-    written += (sizes.get(names[1], 0)
-                if kind == 'dynamic-update-slice' and len(names) > 1
-                else sizes.get(element, 0))
-  return reads, written
+    if kind == 'dynamic-update-slice' and len(names) > 1:
+      updates[element] = sizes.get(names[1], 0)
+    nested = _nested_io(kind, text, comps, sizes, io)
+    if nested is not None and nested[1] is not None:
+      updates[element] = nested[1]
+  if not updates:
+    return None
+  return sum(updates.get(e, sizes.get(e, 0)) for e in elements)
 
 
 def link_bytes(moved: dict[str, int]) -> float:

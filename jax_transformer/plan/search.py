@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from jax_transformer.compile import lowering, report, step_model
@@ -42,7 +43,7 @@ ESTIMATE_ERROR = 1.2
 REMAT_RECOMPUTE = {'none': 1.0, 'dots': 1.05, 'full': 4 / 3}
 # Part of each cache key: a change to what a compiled result holds (the
 # cost counted from the HLO) makes older entries miss.
-COST_VERSION = 5
+COST_VERSION = 6
 DEFAULT_CACHE = os.path.join(os.path.expanduser('~'), '.cache',
                              'jax_transformer', 'plan')
 
@@ -87,7 +88,11 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
   flops = perf.step_flops(mc, c.batch_size, experiment.source_len(cfg),
                           cfg.seq_len)['train']
   compute = flops * REMAT_RECOMPUTE[c.remat] / chips / rates.peak_flops
-  p = num_params * (2 if c.param_dtype == 'bfloat16' else 4) / c.tensor
+  # What moves is in the compute dtype where it is narrower: XLA casts
+  # float32 parameters before it gathers them and reduces their gradients
+  # as the matmuls wrote them.
+  width = min(jnp.dtype(c.param_dtype).itemsize, mc.compute_dtype.itemsize)
+  p = num_params * width / c.tensor
   moved = 0.0
   if c.fsdp > 1:    # gathered forward and backward, gradients scattered
     moved += 3 * p * (c.fsdp - 1) / c.fsdp

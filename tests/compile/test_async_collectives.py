@@ -158,3 +158,36 @@ def test_a_fused_slice_and_in_place_update_move_one_layer():
   trip = 1024 * 4 * 2 + 4
   assert per_step == 24 * trip
   assert once == trip + 9  # and the loop's condition (a compare) once
+
+
+# The same loop as a TPU writes it: the layer's slice is taken by a fusion
+# nested in the one that uses it, and the in-place update is the root of
+# another nested fusion.
+NESTED_HLO = STACKED_HLO.replace('''%fused_computation.5 (''', '''%slice_one (p_0: f32[24,1024], p_1: s32[]) -> f32[1,1024] {
+  %p_0 = f32[24,1024]{1,0} parameter(0)
+  %p_1 = s32[] parameter(1)
+  %zero.2 = s32[] constant(0)
+  ROOT %dynamic-slice.2 = f32[1,1024]{1,0} dynamic-slice(%p_0, %p_1, %zero.2), dynamic_slice_sizes={1,1024}
+}
+
+%update_one (u_0: f32[24,1024], u_1: f32[1,1024], u_2: s32[]) -> f32[24,1024] {
+  %u_0 = f32[24,1024]{1,0} parameter(0)
+  %u_1 = f32[1,1024]{1,0} parameter(1)
+  %u_2 = s32[] parameter(2)
+  %zero.3 = s32[] constant(0)
+  ROOT %dynamic-update-slice.3 = f32[24,1024]{1,0} dynamic-update-slice(%u_0, %u_1, %u_2, %zero.3)
+}
+
+%fused_computation.5 (''').replace(
+    '''  %dynamic-slice.1 = f32[1,1024]{1,0} dynamic-slice(%param_1.1, %param_2.1, %zero), dynamic_slice_sizes={1,1024}''',
+    '''  %dynamic-slice.1 = f32[1,1024]{1,0} fusion(%param_1.1, %param_2.1), kind=kLoop, calls=%slice_one''').replace(
+    '''  ROOT %dynamic-update-slice.1 = f32[24,1024]{1,0} dynamic-update-slice(%param_0.1, %exp.1, %param_2.1, %zero)''',
+    '''  ROOT %fusion.6 = f32[24,1024]{1,0} fusion(%param_0.1, %exp.1, %param_2.1), kind=kLoop, calls=%update_one''')
+
+
+def test_a_slice_and_update_in_nested_fusions_move_one_layer():
+  """Counted as the slice and the update they are, not as the whole
+  stacked arrays each trip (a TPU's layer loop: 24x the bytes)."""
+  assert 'calls=%slice_one' in NESTED_HLO
+  assert 'calls=%update_one' in NESTED_HLO
+  assert hlo_stats.memory_bytes(NESTED_HLO)[0] == 24 * (1024 * 4 * 2 + 4)
