@@ -60,6 +60,9 @@ def parse_args(argv: list[str]):
                     'parameter dtypes to consider (bfloat16 parameters and '
                     "Adam moments change the training's numerics)",
                     flag_values=values)
+  flags.DEFINE_list('remats', list(cands.REMATS),
+                    'remat policies to consider (model.remat)',
+                    flag_values=values)
   flags.DEFINE_string('cache_dir', search.DEFAULT_CACHE,
                       'compiled candidates kept here ("" for none)',
                       flag_values=values)
@@ -75,6 +78,10 @@ def parse_args(argv: list[str]):
     raise UsageError(f'--param_dtypes takes '
                      f'{" and ".join(cands.PARAM_DTYPES)}, got '
                      f'{",".join(values.param_dtypes)}.')
+  unknown = set(values.remats) - set(cands.REMATS)
+  if unknown or not values.remats:
+    raise UsageError(f'--remats takes {", ".join(cands.REMATS)}, got '
+                     f'{",".join(values.remats)}.')
   overrides = [a for a in argv if a.startswith('--config.')]
   return cfg, spec, overrides, values
 
@@ -146,7 +153,8 @@ def main(argv=None) -> int:
   where = search.Where.target(values.target, values.slices)
   rows = search.plan(cfg, spec, where, rows_per_update, values.budget_s,
                      values.cache_dir or None,
-                     param_dtypes=tuple(values.param_dtypes))
+                     param_dtypes=tuple(values.param_dtypes),
+                     remats=tuple(values.remats))
   if values.output:
     with open(values.output, 'w') as f:
       f.writelines(json.dumps(r) + '\n' for r in rows)

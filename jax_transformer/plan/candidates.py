@@ -113,7 +113,8 @@ def meshes(chips: int, heads: int, kv_heads: int
 
 def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
                          global_batch: int, slices: int = 1,
-                         param_dtypes: tuple[str, ...] = PARAM_DTYPES
+                         param_dtypes: tuple[str, ...] = PARAM_DTYPES,
+                         remats: tuple[str, ...] = REMATS
                          ) -> list[Candidate]:
   """Every candidate for cfg on ``chips`` chips at global_batch rows an
   update: each mesh, remat, dtype, loss chunk, and each accumulation that
@@ -126,7 +127,7 @@ def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
   out = []
   layouts = [(mesh, remat, dtype, chunk) for mesh in meshes(
       chips, heads, kv_heads) for remat, dtype, chunk in itertools.product(
-          REMATS, param_dtypes,
+          remats, param_dtypes,
           sorted({*chunks, SHARD_CHUNK_ROWS * mesh[0] * mesh[1]}))]
   for (data, fsdp, tensor), remat, dtype, chunk in layouts:
     if data % slices:

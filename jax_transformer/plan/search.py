@@ -251,16 +251,19 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
          cache_dir: str | None = DEFAULT_CACHE, vocab_size: int = 32768,
          log: Callable[[str], None] | None = None,
          only: list[cands.Candidate] | None = None,
-         param_dtypes: tuple[str, ...] = cands.PARAM_DTYPES) -> list[dict]:
+         param_dtypes: tuple[str, ...] = cands.PARAM_DTYPES,
+         remats: tuple[str, ...] = cands.REMATS) -> list[dict]:
   """One row per candidate, best first: those that fit by the compiler,
   by predicted time per update; then the rest. ``only`` plans those
-  candidates instead of every one; param_dtypes limits the dtypes
-  enumerated (bfloat16 parameters change the training's numerics)."""
+  candidates instead of every one; param_dtypes and remats limit the
+  dtypes and remat policies enumerated (bfloat16 parameters change the
+  training's numerics)."""
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   start = time.perf_counter()
   own = cands.shipped(cfg, where.chips, global_batch)
   pool = only or cands.enumerate_candidates(cfg, where.chips, global_batch,
-                                            where.slices, param_dtypes)
+                                            where.slices, param_dtypes,
+                                            remats)
   if not pool:
     raise UsageError(
         f'{global_batch} rows an update cannot be split over {where.chips} '

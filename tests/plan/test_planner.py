@@ -37,6 +37,11 @@ def test_param_dtypes_can_be_held_to_float32():
   assert found and {c.param_dtype for c in found} == {'float32'}
 
 
+def test_remat_policies_can_be_held_to_some():
+  found = cands.enumerate_candidates(tiny_lm(), 8, 32, remats=('none',))
+  assert found and {c.remat for c in found} == {'none'}
+
+
 def test_slices_keep_only_data_parallelism_between_them():
   found = cands.enumerate_candidates(tiny_lm(), 8, 32, slices=2)
   assert found and all(c.data % 2 == 0 for c in found)
@@ -60,7 +65,7 @@ def test_the_shipped_layout_resolves_the_free_mesh_axis():
   own = cands.shipped(cfg, 64, 1024)
   assert (own.data, own.fsdp, own.tensor) == (1, 64, 1)
   assert (own.remat, own.loss_chunk_size, own.batch_size,
-          own.grad_accum_steps) == ('dots', 8192, 1024, 1)
+          own.grad_accum_steps) == ('dots', 131072, 1024, 1)
 
 
 def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):

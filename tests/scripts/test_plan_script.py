@@ -64,6 +64,8 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
     (['--config', 'lm_shakespeare'], '--target is required'),
     (['--config', 'lm_shakespeare', '--target', 'v5e-4', '--param_dtypes',
       'float16'], '--param_dtypes takes float32 and bfloat16'),
+    (['--config', 'lm_shakespeare', '--target', 'v5e-4', '--remats',
+      'some'], '--remats takes none, dots, full, got some.'),
 ])
 def test_bad_input_is_one_sentence(args, says, capsys):
   plan = script_helpers.load_script('plan')
