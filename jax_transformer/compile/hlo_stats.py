@@ -44,6 +44,10 @@ _FUSED = re.compile(r' fusion\(.*\bcalls=%?([\w.\-]+)')
 _FREE = {'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast',
          'while', 'call', 'conditional', 'after-all', 'partition-id',
          'replica-id', 'iota', 'opt-barrier'}
+# Custom calls that move no bytes: a TPU's buffer allocation (the zeroed
+# stack a scanned layer's saved activations go into is never written
+# whole) and its bitcast of a concatenation.
+_FREE_TARGETS = ('"AllocateBuffer"', '"ConcatBitcast"')
 # Fused attention as each compiler calls it: cuDNN's on GPUs, a Mosaic
 # (Pallas) kernel on TPUs.
 _KERNELS = {'cudnn': re.compile(r'custom_call_target="__cudnn\$fmha'),
@@ -222,7 +226,8 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
       _fusion_io(name, comps, sizes, io)
   per_step = once = 0.0
   for name, op, shape, line in _instructions(comps):
-    if name in fused or op in _FREE or op.endswith('-done'):
+    if name in fused or op in _FREE or op.endswith('-done') or (
+        op == 'custom-call' and _moves_nothing(line)):
       continue
     called = _FUSED.search(line).group(1) if op == 'fusion' else None
     kind = roots.get(called) if called else op
@@ -247,6 +252,11 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
     once += moved
     per_step += moved * runs.get(name, 0)
   return per_step, once
+
+
+def _moves_nothing(line: str) -> bool:
+  """A custom call of one of _FREE_TARGETS."""
+  return any(f'custom_call_target={t}' in line for t in _FREE_TARGETS)
 
 
 _COMMENT = re.compile(r'/\*.*?\*/')

@@ -191,3 +191,16 @@ def test_a_slice_and_update_in_nested_fusions_move_one_layer():
   assert 'calls=%slice_one' in NESTED_HLO
   assert 'calls=%update_one' in NESTED_HLO
   assert hlo_stats.memory_bytes(NESTED_HLO)[0] == 24 * (1024 * 4 * 2 + 4)
+
+
+def test_a_buffer_allocation_moves_no_bytes():
+  """A TPU allocates the stack of a scanned layer's saved activations with
+  an AllocateBuffer custom call, which writes nothing (XLA's own cost
+  analysis counts nothing for it either)."""
+  allocating = STACKED_HLO.replace(
+      '''  %w = (s32[], f32[24,1024], f32[24,1024]) while(%init)''',
+      '''  %buffer = f32[24,1024]{1,0} custom-call(), custom_call_target="AllocateBuffer"
+  %w = (s32[], f32[24,1024], f32[24,1024]) while(%init)''')
+  assert 'AllocateBuffer' in allocating
+  assert (hlo_stats.memory_bytes(allocating)
+          == hlo_stats.memory_bytes(STACKED_HLO))
