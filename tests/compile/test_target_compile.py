@@ -346,3 +346,15 @@ def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
          'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1},
          'per_chip_bytes': 10e9 + 0.1e9 * 512, 'chip_memory_bytes': 106e9}
   assert table.largest_batch(row, 60) == 960
+
+
+@pytest.mark.parametrize('args, says', [
+    (['--train_only'], '--train_only narrows a --target compile'),
+    (['--slices', '2'], '--slices needs --target NAME.'),
+    (['--serialize', 'step.bin'], '--serialize writes a --target compile'),
+])
+def test_target_flags_without_a_target_are_one_sentence(args, says, capsys):
+  script = script_helpers.load_script('compile_at_size')
+  assert script.main(args) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and says in lines[0], lines
