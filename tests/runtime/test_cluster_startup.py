@@ -12,7 +12,7 @@ import sys
 import pytest
 import repo
 from tpu_vm_stand_in import MetadataServer
-from train_runs import free_port
+from train_runs import free_port, together
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +42,6 @@ def start(workdir, data_dir, *flags, devices, env, tpu_vm=False):
                           text=True)
 
 
-def finish(procs):
-  """Every process's output; each must have exited 0."""
-  try:
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-3000:]
-  return outs
-
-
 def test_tpu_vm_workers_join_one_job_and_train(tmp_path, fake_data_dir):
   """Each worker has its own metadata server, as each TPU VM has; one CPU
   device each, and a mesh of two: a worker that did not join would have
@@ -61,7 +49,7 @@ def test_tpu_vm_workers_join_one_job_and_train(tmp_path, fake_data_dir):
   work = tmp_path / 'w'
   port = str(free_port())  # JAX's fixed 8482 may be taken on a shared host
   with MetadataServer(0, 2) as mds0, MetadataServer(1, 2) as mds1:
-    outs = finish([
+    outs = together(*[
         start(work, fake_data_dir, '--config.num_steps=2',
               '--config.mesh.data=2', devices=1, tpu_vm=True,
               env={'GCE_METADATA_IP': mds.address,
@@ -98,7 +86,7 @@ def test_slurm_tasks_one_per_node_join_train_and_resume(tmp_path,
   job = 1234 * 4096 + slurm_port() - 61440
 
   def srun(steps):
-    return finish([
+    return together(*[
         start(work, fake_data_dir, f'--config.num_steps={steps}',
               '--config.checkpoint_every=2', '--config.mesh.data=4',
               devices=2, env={

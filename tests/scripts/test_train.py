@@ -160,14 +160,7 @@ def train_two_processes(work, data_dir, num_steps):
                  '--config.checkpoint_every=4', f'--coordinator_address='
                  f'{address}', '--num_processes=2', f'--process_id={i}',
                  devices=4, wait=False) for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out[-3000:]
-  return outs
+  return together(*procs)
 
 
 def test_two_processes_train_and_checkpoint(tmp_path, data_dir):
