@@ -67,6 +67,15 @@ def outputs(procs, outs, readers):
   return [out[0] if out else '' for out in outs]
 
 
+def why_it_ended(out: str) -> str:
+  """A crashed process's own words before its thread dump (which can be
+  longer than a failure message keeps), then the output's end."""
+  said = [line for line in out.splitlines()
+          if line.startswith(('F0', 'E0', 'Fatal', 'Traceback'))
+          or 'rror' in line]
+  return '\n'.join(said[:20]) + '\n...\n' + out[-2000:]
+
+
 def test_killed_process_stops_the_trainer_survivor_with_exit_69(tmp_path,
                                                                 data_dir):
   work = tmp_path / 'w'
@@ -89,7 +98,7 @@ def test_killed_process_stops_the_trainer_survivor_with_exit_69(tmp_path,
   finally:
     out, victim_out = outputs(procs, outs, readers)
   assert started, out[-3000:] + victim_out[-3000:]
-  assert survivor.returncode == liveness.EXIT_LOST_PROCESS, out[-3000:]
+  assert survivor.returncode == liveness.EXIT_LOST_PROCESS, why_it_ended(out)
   # A 10 s heartbeat timeout, checked every 10/6 s; the rest is slack for
   # a loaded machine.
   assert took < 60, out[-3000:]
