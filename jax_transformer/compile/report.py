@@ -96,15 +96,15 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
   run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
+  facts = {'setup': setup, 'mesh': mesh, 'decode': None,
+           'estimate': run.estimate}
   if train_only:
-    return train, None, {'setup': setup, 'mesh': mesh, 'decode': None,
-                         'estimate': run.estimate}
+    return train, None, facts
   eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
   evaluation = _compile(eval_step, (run.state['params'], run.batch), mesh,
                         platform)
-  decode = compile_decode(cfg, setup, mesh, shardings['params'], platform)
-  facts = {'setup': setup, 'mesh': mesh, 'decode': decode,
-           'estimate': run.estimate}
+  facts['decode'] = compile_decode(cfg, setup, mesh, shardings['params'],
+                                   platform)
   return train, evaluation, facts
 
 
