@@ -53,6 +53,7 @@ def test_an_instruction_run_is_lowered_with_its_loss_mask(tmp_path):
   """A fine-tuning run on prompt/completion data trains on the completion
   only: the step compiled for it takes the batch's loss_mask."""
   import jax
+
   from jax_transformer.compile import lowering
   from jax_transformer.model import sharding
   cfg = small(2, True)
