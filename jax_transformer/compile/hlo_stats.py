@@ -21,6 +21,8 @@ COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
 _COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([\w\-]+)\(')
 _SHAPE = re.compile(r'\b(pred|[a-z]+\d+)\[([\d,]*)\]')
+_ARRAY = re.compile(r'\b(pred|[a-z]+\d+)\[([\d,]*)\](?:\{([^}]*)\})?')
+_ON_CHIP = 'S(1)'
 _CALLED = re.compile(r'\b(body|calls)=%?([\w.\-]+)')
 _CONDITION = re.compile(r'\bcondition=%?([\w.\-]+)')
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
@@ -60,15 +62,24 @@ def _dims(shape_text: str) -> list[int]:
   return [int(d) for d in found.group(2).split(',') if d] if found else []
 
 
-def _bytes(shape_text: str) -> int:
-  """Bytes of the largest array in an HLO shape (a tuple's elements are
-  the operands and results of an asynchronous collective: one moves)."""
-  sizes = [0]
-  for dtype, dims in _SHAPE.findall(shape_text):
+def _arrays(shape_text: str) -> list[tuple[int, bool]]:
+  """(bytes, in HBM) of each array in an HLO shape. A layout's ``S(1)``
+  is XLA's alternate memory space: a TPU's on-chip memory, where its
+  compiler places the buffers it prefetches (memory space assignment)."""
+  out = []
+  for dtype, dims, layout in _ARRAY.findall(shape_text):
     n = int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
     bits = 8 if dtype == 'pred' else int(re.sub(r'\D', '', dtype) or 8)
-    sizes.append(n * bits // 8)
-  return max(sizes)
+    out.append((n * bits // 8, _ON_CHIP not in layout))
+  return out
+
+
+def _bytes(shape_text: str, hbm: bool = False) -> int:
+  """Bytes of the largest array in an HLO shape (a tuple's elements are
+  the operands and results of an asynchronous collective: one moves);
+  ``hbm``: of the largest array in HBM (0 when all are on chip)."""
+  return max((n for n, in_hbm in _arrays(shape_text) if in_hbm or not hbm),
+             default=0)
 
 
 def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
@@ -205,19 +216,24 @@ def dot_flops(hlo: str) -> tuple[float, float]:
 
 
 def memory_bytes(hlo: str) -> tuple[float, float]:
-  """Bytes read and written by the HLO's kernels (each instruction outside
-  a fusion: its operands and result): (per step, each computation counted
-  once). A slice of a stacked array (a scanned layer's weights, a layer's
-  saved activations) reads the slice, an update in place writes the
-  update, also where a fusion does them (``_fusion_io``). Rough per
-  instruction; its use is the ratio of the two, which scales XLA's figure
-  to a step."""
+  """Bytes the HLO's kernels (each instruction outside a fusion: its
+  operands and result) move: (to and from HBM per step, every operand and
+  result with each computation counted once). A slice of a stacked array
+  (a scanned layer's weights, a layer's saved activations) reads the
+  slice, an update in place writes the update, also where a fusion does
+  them (``_fusion_io``). A buffer a TPU's compiler placed on chip
+  (``S(1)``) moves no HBM bytes; copying it in or out moves its HBM side.
+  Rough per instruction; its use is the ratio of the two, which scales
+  XLA's figure (every operand and result, each body once) to a step's HBM
+  traffic."""
   comps, runs = _parsed(hlo)
   fused = {m.group(1) for lines in comps.values() for line in lines
            for m in [_FUSED.search(line)] if m}
-  sizes, roots = {}, {}
+  sizes, in_hbm, roots = {}, {}, {}
   for name, op, shape, line in _instructions(comps):
-    sizes[_NAME.match(line).group(1)] = _bytes(shape)
+    instruction = _NAME.match(line).group(1)
+    sizes[instruction] = _bytes(shape)
+    in_hbm[instruction] = _bytes(shape, hbm=True)
     if line.lstrip().startswith('ROOT'):
       roots[name] = op
   io: dict[str, tuple[dict[int, int], int | None]] = {}
@@ -230,28 +246,39 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
         op == 'custom-call' and _moves_nothing(line)):
       continue
     called = _FUSED.search(line).group(1) if op == 'fusion' else None
-    kind = roots.get(called) if called else op
-    read = [sizes.get(o, 0) for o in _operand_names(line)]
-    out = _bytes(shape)
-    reads, written = io.get(called, ({}, None))
-    if reads or written is not None:
-      moved = sum(reads.get(i, n) for i, n in enumerate(read)) + (
-          out if written is None else written)
-    elif kind == 'dynamic-update-slice':
-      moved = 2 * (sum(read) - max(read, default=0))
-    elif kind == 'dynamic-slice':
-      moved = 2 * out
-    elif op in ('slice-start', 'copy-start'):
-      # ((operand), result, context): an asynchronous copy of the result
-      # (a TPU's prefetch of a slice into its scoped memory).
-      arrays = _SHAPE.findall(shape)
-      moved = 2 * _bytes('{}[{}]'.format(*arrays[1])) if len(arrays) > 1 \
-          else out
-    else:
-      moved = out + sum(read)
-    once += moved
-    per_step += moved * runs.get(name, 0)
+    kernel = (op, roots.get(called) if called else op, shape,
+              io.get(called, ({}, None)))
+    operands = _operand_names(line)
+    once += _moved(*kernel, [sizes.get(o, 0) for o in operands], False)
+    per_step += _moved(*kernel, [in_hbm.get(o, 0) for o in operands],
+                       True) * runs.get(name, 0)
   return per_step, once
+
+
+def _moved(op: str, kind: str, shape: str,
+           io: tuple[dict[int, int], int | None], read: list[int],
+           hbm: bool) -> int:
+  """Bytes one kernel moves: its operands' bytes ``read`` (0 for one on
+  chip where ``hbm``), its fused slices and in-place updates ``io``, its
+  result ``shape``."""
+  out = _bytes(shape, hbm)
+  reads, written = io
+  if op in ('slice-start', 'copy-start'):
+    # ((operand), result, context): an asynchronous copy of the result
+    # (a TPU's prefetch of a slice into its on-chip memory, or an
+    # eviction from it): a side on chip moves nothing from HBM.
+    arrays = _arrays(shape)[:2]
+    if len(arrays) < 2:
+      return out
+    return sum(arrays[1][0] for _, side in arrays if side or not hbm)
+  if reads or written is not None:
+    return sum(reads.get(i, n) if n else 0 for i, n in enumerate(read)) + (
+        out if written is None or not out else written)
+  if kind == 'dynamic-update-slice':
+    return 2 * (sum(read) - max(read, default=0))
+  if kind == 'dynamic-slice':
+    return 2 * out
+  return out + sum(read)
 
 
 def _moves_nothing(line: str) -> bool:

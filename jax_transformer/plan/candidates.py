@@ -19,10 +19,11 @@ import ml_collections
 REMATS = ('none', 'dots', 'full')
 PARAM_DTYPES = ('float32', 'bfloat16')
 LOSS_CHUNKS = (0, 8192)
-# And a chunk of this many token rows on each batch shard (512 x data x
-# fsdp rows): on a pod, 8192 rows a chunk are a few dozen a chip, and each
-# chunk reads the whole head (and its float32 gradient) from HBM again.
-SHARD_CHUNK_ROWS = 512
+# And a chunk of this many token rows on each batch shard (1024 x data x
+# fsdp rows, the recipes' chunk on 256 shards): on a pod, 8192 rows a
+# chunk are a few dozen a chip, and each chunk reads the whole head (and
+# its float32 gradient) from HBM again.
+SHARD_CHUNK_ROWS = 1024
 MAX_TENSOR = 8        # one host's NVLink, or a TPU's nearest neighbours
 MAX_ACCUMULATION = 16
 

@@ -43,7 +43,7 @@ ESTIMATE_ERROR = 1.2
 REMAT_RECOMPUTE = {'none': 1.0, 'dots': 1.05, 'full': 4 / 3}
 # Part of each cache key: a change to what a compiled result holds (the
 # cost counted from the HLO) makes older entries miss.
-COST_VERSION = 7
+COST_VERSION = 8
 DEFAULT_CACHE = os.path.join(os.path.expanduser('~'), '.cache',
                              'jax_transformer', 'plan')
 

@@ -65,7 +65,7 @@ def test_the_shipped_layout_resolves_the_free_mesh_axis():
   own = cands.shipped(cfg, 64, 1024)
   assert (own.data, own.fsdp, own.tensor) == (1, 64, 1)
   assert (own.remat, own.loss_chunk_size, own.batch_size,
-          own.grad_accum_steps) == ('dots', 131072, 1024, 1)
+          own.grad_accum_steps) == ('dots', 262144, 1024, 1)
 
 
 def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
@@ -148,7 +148,7 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
 
 def test_the_guess_counts_the_heads_reads_of_each_loss_chunk():
   """A chunk of a few rows a chip still reads the whole head: the guess
-  puts 512 rows a shard before 8192 rows on 256 chips."""
+  puts 1024 rows a shard before 8192 rows on 256 chips."""
   from jax_transformer import cli
   from jax_transformer.plan import candidates as cands
   from jax_transformer.plan import search
@@ -156,10 +156,10 @@ def test_the_guess_counts_the_heads_reads_of_each_loss_chunk():
   cfg = cli.load_config('lm_350m')
   mc = experiment.setup(cfg, 32768).model_config
   small, per_shard = (cands.Candidate(1, 256, 1, 'dots', 'float32', chunk,
-                                      1024, 1) for chunk in (8192, 131072))
+                                      1024, 1) for chunk in (8192, 262144))
   head = mc.d_model * mc.vocab_size
   assert search.loss_chunk_hbm(small, cfg, mc) == 128 * head * 14
-  assert search.loss_chunk_hbm(per_shard, cfg, mc) == 8 * head * 14
+  assert search.loss_chunk_hbm(per_shard, cfg, mc) == 4 * head * 14
   where = search.Where('v5e-256', tuple(range(256)), 'tpu',
                        search.step_model.Rates.of_target(
                            search.targets.target('v5e-256')))
