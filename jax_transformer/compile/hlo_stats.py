@@ -270,7 +270,8 @@ def _moved(op: str, kind: str, shape: str,
     arrays = _arrays(shape)[:2]
     if len(arrays) < 2:
       return out
-    return sum(arrays[1][0] for _, side in arrays if side or not hbm)
+    copied = arrays[1][0]
+    return copied * sum(in_hbm or not hbm for _, in_hbm in arrays)
   if reads or written is not None:
     return sum(reads.get(i, n) if n else 0 for i, n in enumerate(read)) + (
         out if written is None or not out else written)
