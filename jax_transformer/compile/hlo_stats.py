@@ -20,7 +20,7 @@ COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
 
 _COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) ([\w\-]+)\(')
-_SHAPE = re.compile(r'\b(pred|[a-z]+\d+)\[([\d,]*)\]')
+# An array in an HLO shape: dtype, dimensions, layout.
 _ARRAY = re.compile(r'\b(pred|[a-z]+\d+)\[([\d,]*)\](?:\{([^}]*)\})?')
 _ON_CHIP = 'S(1)'
 _CALLED = re.compile(r'\b(body|calls)=%?([\w.\-]+)')
@@ -58,7 +58,7 @@ _KERNELS = {'cudnn': re.compile(r'custom_call_target="__cudnn\$fmha'),
 
 def _dims(shape_text: str) -> list[int]:
   """The dimensions of the first array in an HLO shape."""
-  found = _SHAPE.search(shape_text)
+  found = _ARRAY.search(shape_text)
   return [int(d) for d in found.group(2).split(',') if d] if found else []
 
 
