@@ -5,30 +5,120 @@
 #
 #   HOSTS="gpu-0 gpu-1" bash scripts/launch/gpu_hosts.sh --config lm_1_3b \
 #       --workdir /shared/runs/lm_1_3b --config.data.data_dir=/shared/tfds
+#   STOP=1 HOSTS="gpu-0 gpu-1" bash scripts/launch/gpu_hosts.sh
 #
 # Every host needs the repository at REPO_DIR (default: this one's path)
 # with the project installed (`pip install -e '.[cuda]'`) and the data and
 # workdir on shared storage (or gs://). Each process runs under
-# scripts/launch/train_until_done.sh, logging to ~/train.log on its host;
-# PORT (default 4321) is the coordinator's port on the first host.
-# `STOP=1 HOSTS=... bash scripts/launch/gpu_hosts.sh` stops every process
-# (they save and exit 75).
+# scripts/launch/train_until_done.sh with PYTHON (default REPO_DIR/.venv/
+# bin/python where that exists, else python3) as its `python`, logging to
+# ~/train.log on its host; ~/train.pid and, when the loop ends, its exit
+# status ~/train.exit are beside it. PORT (default 4321) is the
+# coordinator's port on the first host. A host that still runs one is
+# refused. STOP=1 sends one SIGTERM to each host's loop and to the train.py
+# it runs (they save and exit 75), host after host, whatever one answers.
 set -euo pipefail
 : "${HOSTS:?set HOSTS, e.g. HOSTS='gpu-0 gpu-1'}"
 read -r -a hosts <<< "$HOSTS"
 repo_dir="${REPO_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
 port="${PORT:-4321}"
-if [ -n "${STOP:-}" ]; then
-  for host in "${hosts[@]}"; do
-    ssh "$host" "pkill -TERM -f 'train_until_done.sh|train.py' || true"
+
+quote() {  # $1 in single quotes, for any shell
+  local s=$1 q="'" escaped="'\\''"
+  printf "'%s'" "${s//$q/$escaped}"
+}
+
+# The command line that runs SCRIPT under bash with ARGS as "$@", whatever
+# the host's login shell.
+remote() {
+  local line
+  line="bash -c $(quote "$1") gpu_hosts"
+  shift
+  for arg in "$@"; do
+    line+=" $(quote "$arg")"
   done
+  printf '%s' "$line"
+}
+
+read -r -d '' RUN_ALIVE <<'EOF' || true
+running() {
+  local p
+  p=$(cat ~/train.pid 2>/dev/null) && [ -n "$p" ] &&
+    ps -o args= -p "$p" 2>/dev/null | grep -q train_until_done && echo "$p"
+}
+EOF
+
+# One SIGTERM to the loop and one to what it runs (train.py, or the sleep
+# before a restart), never to this shell; a repeated stop sends none again.
+read -r -d '' STOP_SCRIPT <<'EOF' || true
+if ! w=$(running); then
+  echo "$(hostname): no run to stop."
   exit 0
 fi
-args=$(printf ' %q' "$@")
+procs=
+for loop in $(pgrep -P "$w"); do
+  procs="$procs $loop $(pgrep -P "$loop" | tr '\n' ' ')"
+done
+touch ~/train.signalled
+sent=
+for p in $procs; do
+  grep -qx "$p" ~/train.signalled && continue
+  echo "$p" >> ~/train.signalled
+  kill -TERM "$p" 2>/dev/null && sent="$sent $p"
+done
+echo "$(hostname): SIGTERM to${sent:- none again (sent before)}; the run saves and exits 75."
+EOF
+
+# $1 the repository, $2 PYTHON (may be empty), then train.py's flags.
+read -r -d '' START_SCRIPT <<'EOF' || true
+if p=$(running); then
+  echo "$(hostname): a run is going (pid $p); stop it first." >&2
+  exit 1
+fi
+cd "$1" || exit 1
+python=$2
+shift 2
+if [ -z "$python" ]; then
+  if [ -x .venv/bin/python ]; then python=$PWD/.venv/bin/python; else python=python3; fi
+fi
+if ! python=$(command -v "$python"); then
+  echo "$(hostname): no Python $2 (set PYTHON)." >&2
+  exit 127
+fi
+# train_until_done.sh runs `python`: this one.
+bin=$(dirname "$python")
+if [ ! "$bin/python" -ef "$python" ]; then
+  bin=~/.cache/jax_transformer/bin
+  mkdir -p "$bin"
+  printf '#!/bin/sh\nexec %s "$@"\n' "'$python'" > "$bin/python"
+  chmod +x "$bin/python"
+fi
+export PATH="$bin:$PATH"
+rm -f ~/train.exit ~/train.signalled
+nohup bash -c 'echo $$ > ~/train.pid
+  bash scripts/launch/train_until_done.sh "$@"
+  echo $? > ~/train.exit' train_until_done "$@" \
+  > ~/train.log 2>&1 < /dev/null &
+echo "$(hostname): started (pid $!) with $python; output in ~/train.log."
+EOF
+
+if [ -n "${STOP:-}" ]; then
+  failed=0
+  for host in "${hosts[@]}"; do
+    # shellcheck disable=SC2029  # the command is made here, on purpose
+    ssh "$host" "$(remote "$RUN_ALIVE
+$STOP_SCRIPT")" || {
+      echo "gpu_hosts: could not stop $host (ssh status $?)." >&2
+      failed=1
+    }
+  done
+  exit "$failed"
+fi
 for i in "${!hosts[@]}"; do
-  ssh "${hosts[$i]}" "cd $(printf '%q' "$repo_dir") &&
-    nohup bash scripts/launch/train_until_done.sh$args \
-      --coordinator_address=${hosts[0]}:$port \
-      --num_processes=${#hosts[@]} --process_id=$i > ~/train.log 2>&1 &"
+  # shellcheck disable=SC2029
+  ssh "${hosts[$i]}" "$(remote "$RUN_ALIVE
+$START_SCRIPT" "$repo_dir" "${PYTHON:-}" "$@" \
+    "--coordinator_address=${hosts[0]}:$port" \
+    "--num_processes=${#hosts[@]}" "--process_id=$i")"
 done
 echo "gpu_hosts: started ${#hosts[@]} processes; logs in ~/train.log on each host." >&2
