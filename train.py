@@ -112,12 +112,12 @@ def _flags_parser(argv: Sequence[str]) -> list[str]:
 
 
 def compile_for_target(values: flags.FlagValues) -> int:
-  """--aot_target: the run's steps compiled for the target, nothing else.
+  """--aot_target: the run's steps compiled for the target, nothing else,
+  started as compile_at_size.py --target starts (``targets.start``).
   """
   from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
-  targets.target(values.aot_target)  # a bad name: one line, before JAX
-  targets.prepare_host()
-  from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
+  with targets.start(values.aot_target, overlap=values.xla_overlap):
+    from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
   row = report.check_fits(values.config, CONFIG_SPEC[0], values.aot_target,
                           values.aot_slices)
   print(report.summary(row))

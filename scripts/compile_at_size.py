@@ -34,29 +34,25 @@ one run.
 
 from __future__ import annotations
 
-import os
 import sys
-
-# Before JAX starts: eight host devices stand in for the pod's chips (or
-# the target's compiler hands out its own); libtpu must not look for a TPU
-# VM's metadata.
-os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
-if 'xla_force_host_platform_device_count' not in os.environ.get(
-    'XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_force_host_platform_device_count=8')
+from typing import TYPE_CHECKING
 
 from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.bench.rows import stream
 from jax_transformer.compile import flags as target_flags
-from jax_transformer.compile import prove, report
 from jax_transformer.errors import UsageError
-from jax_transformer.runtime import targets, xla_options
-from jax_transformer.train import memory
+from jax_transformer.runtime import targets
 
+if TYPE_CHECKING:
+  from jax_transformer.compile import prove
+
+# JAX starts in main, as train.py --aot_target starts it (targets.start:
+# eight host devices stand in for the pod's chips, or the target's
+# compiler hands out its own); the modules that import it are imported
+# where used.
+HOST_DEVICES = 8
 MODELS = {'350m': 'lm_350m', '1.3b': 'lm_1_3b'}
 VOCAB = 32768
 # The flags of the CPU suites (without --target).
@@ -143,6 +139,7 @@ def row(suite: str, name: str, cfg, proof: prove.Proof) -> dict:
 
 
 def size_suite(args):
+  from jax_transformer.compile import prove  # pylint: disable=g-import-not-at-top
   for name in args.models.split(','):
     variants = [dict(remat=r) for r in ('none', 'dots', 'full')]
     if name == '1.3b':
@@ -156,6 +153,7 @@ def depth_suite(args):
   """Scanned compiles take seconds, so host noise matters: they run
   --repeats rounds, interleaved over depths (the table gives medians).
   Unrolled ones take minutes and run once."""
+  from jax_transformer.compile import prove  # pylint: disable=g-import-not-at-top
   depths = [int(x) for x in args.depths.split(',')]
   for round_ in range(args.repeats):
     for layers in depths:
@@ -183,6 +181,7 @@ def medians(rows: list[dict]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
+  from jax_transformer.train import memory  # pylint: disable=g-import-not-at-top
   lines = ['suite  model  layers  scan   remat  params   compile   '
            'estimate   XLA/device']
   for r in medians(rows):
@@ -197,6 +196,7 @@ def table(rows: list[dict]) -> str:
 
 
 def target_main(cfg, spec: str, values) -> int:
+  from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
   row = report.report(cfg, spec, values.target, values.slices,
                       values.serialize, values.train_only)
   stream([row], values.output)
@@ -208,8 +208,10 @@ def target_main(cfg, spec: str, values) -> int:
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   cfg, spec, args = parse_args(argv)
+  with targets.start(args.target, host_devices=HOST_DEVICES,
+                     overlap=args.xla_overlap):
+    import jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   if args.target is not None:
-    xla_options.apply(on=args.xla_overlap)
     return target_main(cfg, spec, args)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]

@@ -21,14 +21,8 @@ compiler for h100/h200 targets, see docs/scaling.md).
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-
-# Before JAX starts: JAX itself runs on this host's CPU; libtpu must not
-# look for a TPU VM's metadata.
-os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
 
 from absl import flags
 
@@ -71,8 +65,7 @@ def parse_args(argv: list[str]):
     raise UsageError('--target is required; choose one of '
                      f'{", ".join(targets.TARGETS)}.')
   target = targets.target(values.target)
-  if values.slices < 1 or (values.slices > 1 and target.platform != 'tpu'):
-    targets.devices(target, values.slices)  # its one sentence
+  targets.check_slices(target, values.slices)
   unknown = set(values.param_dtypes) - set(cands.PARAM_DTYPES)
   if unknown or not values.param_dtypes:
     raise UsageError(f'--param_dtypes takes '
@@ -150,6 +143,10 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   cfg, spec, overrides, values = parse_args(argv)
   rows_per_update = global_batch(cfg, values)
+  # As train.py --aot_target and compile_at_size.py start (this module's
+  # imports imported JAX; no backend has started).
+  with targets.start(values.target):
+    pass
   where = search.Where.target(values.target, values.slices)
   rows = search.plan(cfg, spec, where, rows_per_update, values.budget_s,
                      values.cache_dir or None,

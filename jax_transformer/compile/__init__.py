@@ -7,7 +7,8 @@ devices: ``lower_train``), ``report`` (the train, eval and decode steps
 compiled by a target's compiler, and what it says), ``hlo_stats`` (what
 an optimized HLO module says, counted per step), ``step_model`` (a train
 step's time and MFU bound from its executable: the one model the target
-report and the planner share), ``prove`` (the CPU size and depth proofs),
+report and the planner share), ``topology`` (a target's compile-only
+devices), ``prove`` (the CPU size and depth proofs),
 ``flags`` (the command-line flags of compiling for a target, defined
 once).
 """

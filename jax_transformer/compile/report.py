@@ -26,7 +26,7 @@ from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer import errors
-from jax_transformer.compile import hlo_stats, lowering, step_model
+from jax_transformer.compile import hlo_stats, lowering, step_model, topology
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
@@ -258,7 +258,7 @@ def target_devices(target: targets.Target, slices: int = 1) -> list:
   a compiler already started in this process keeps the options it
   started with)."""
   xla_options.apply([target.kernel_platform])
-  return targets.devices(target, slices)
+  return topology.devices(target, slices)
 
 
 def _serialize(compiled, path: str) -> None:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-import jax.numpy as jnp
+# numpy's dtypes are jax.numpy's; ml_dtypes (JAX's own) names bfloat16 for
+# numpy. Not JAX: a config file reads this module, and train.py reads the
+# config before JAX starts (``--aot_target`` starts it for a target's
+# compiler, ``runtime/targets.start``).
+import ml_dtypes  # noqa: F401
+import numpy as np
 
 from jax_transformer.errors import UsageError
 
@@ -170,12 +175,12 @@ class ModelConfig:
     return self.d_model // self.num_heads
 
   @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
+  def compute_dtype(self) -> np.dtype:
+    return np.dtype(self.dtype)
 
   @property
-  def params_dtype(self):
-    return jnp.dtype(self.param_dtype)
+  def params_dtype(self) -> np.dtype:
+    return np.dtype(self.param_dtype)
 
   def replace(self, **changes) -> 'ModelConfig':
     return dataclasses.replace(self, **changes)

@@ -4,7 +4,7 @@ The TPU compiler ships in ``libtpu`` (``pip install -e '.[aot]'``) and the
 GPU compiler in JAX's CUDA plugin (``'.[aot-gpu]'``). Both hand out compile-only devices
 for a described topology (``jax.experimental.topologies``): a mesh of them
 lowers and compiles real steps, and the compiler's memory and cost figures
-answer, but nothing can run. ``devices('v5p-128')`` gives such devices;
+answer, but nothing can run (``compile/topology.py`` gives such devices);
 the chip rates below (vendor figures) turn the compiler's figures into a
 roofline.
 
@@ -12,19 +12,26 @@ Any slice of the known families parses by name (:func:`target`): TPU names
 count TensorCores as Google Cloud's do for v4 and v5p (v5p-64 is 32 chips
 of 2 cores, one megacore device each, laid out 2x4x4), chips for v5e and
 v6e (v5e-16: 4x4); GPU names count GPUs, 8 a host (h100-16: 2 hosts).
+
+A process that compiles for a target starts one way, :func:`start`
+(``train.py --aot_target``, ``scripts/compile_at_size.py``, before JAX
+starts; ``scripts/plan.py``, whose imports load JAX first). Nothing here
+imports JAX.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
 import re
-
-from jax.experimental import topologies
+import sys
+import tempfile
+from typing import Iterator
 
 from jax_transformer.errors import UsageError
-from jax_transformer.runtime import gpu_specs
+from jax_transformer.runtime import xla_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,13 +177,21 @@ TARGETS = {name: target(name) for name in (
     'v5p-1024', 'v6e-8', 'v6e-256', 'h100-8', 'h100-16', 'h100-64', 'h200-8',
     'h200-64')}
 
-# What to install: a compiler for a target on a CPU host; a runtime on the
-# machines that run it.
-AOT_INSTALL = {'tpu': "pip install -e '.[aot]'",
-               'cuda': "pip install -e '.[aot-gpu]'"}
+# What to install: a compiler for a target on a CPU host (its extra and
+# module); a runtime on the machines that run it.
+AOT_EXTRA = {'tpu': ('aot', 'libtpu'), 'cuda': ('aot-gpu', 'jax_cuda12_plugin')}
+AOT_INSTALL = {platform: f"pip install -e '.[{extra}]'"
+               for platform, (extra, _) in AOT_EXTRA.items()}
 RUN_INSTALL = ("pip install -e '.[tpu]' on a TPU VM or '.[cuda]' on GPU "
                'hosts')
 _RUNTIMES = ('libtpu', 'jax_cuda12_plugin')
+# What the runtimes print of their own start on a host without their
+# hardware, held back by start(): the CUDA plugin's libraries say, once
+# each as JAX imports them and registers the plugin, that there is no CUDA
+# driver, after absl's note on logging before its start. (libtpu's lines
+# are answered at their source: start() names the slice and its host.)
+_START_LINES = ('Could not find cuda drivers on your machine',
+                'All log messages before absl::InitializeLog() is called')
 
 
 def accelerator_runtimes() -> list[str]:
@@ -184,50 +199,109 @@ def accelerator_runtimes() -> list[str]:
   return [m for m in _RUNTIMES if importlib.util.find_spec(m) is not None]
 
 
-def prepare_host() -> None:
-  """Environment the accelerator plugins read when JAX starts: call it
-  before JAX's first use. The host is a CPU machine, not a TPU VM: skip
-  libtpu's metadata queries, and run JAX itself on the CPU."""
-  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+@contextlib.contextmanager
+def start(name: str | None = None, host_devices: int | None = None,
+          overlap: bool | None = None) -> Iterator[Target | None]:
+  """The one start-up of a process that compiles for a target on this
+  host, before anything starts JAX; its body imports what compiles
+  (and with it JAX)::
+
+      with targets.start('h100-16'):
+        from jax_transformer.compile import report
+
+  Gives the Target called name (None without one). A name that is not a
+  slice, or a target whose compiler is not installed, is a UsageError in
+  one sentence (naming the extra to install), before anything else. Then
+  the environment the compilers read as they start: JAX itself runs on
+  this host's CPU (``host_devices`` of them, for meshes of CPU devices),
+  libtpu looks for no TPU VM's metadata and is told the slice it compiles
+  for (its accelerator type, this host its one worker), and the target's
+  collective-overlap options (``xla_options.apply``, unless ``overlap`` is
+  False); settings the environment has are kept. Last, JAX's plugins
+  (the GPU compiler among them) register. What the runtimes print of
+  their own start meanwhile (``_START_LINES``) is held back; anything else
+  written to stderr is kept.
+  """
+  t = None
+  if name is not None:
+    t = target(name)
+    require_compiler(t)
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  os.environ.setdefault('TPU_SKIP_MDS_QUERY', '1')
+  if t is not None and t.platform == 'tpu':
+    os.environ.setdefault('TPU_ACCELERATOR_TYPE', t.name)
+    os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
+  if host_devices and 'xla_force_host_platform_device_count' not in (
+      os.environ.get('XLA_FLAGS', '')):
+    os.environ['XLA_FLAGS'] = (
+        f"{os.environ.get('XLA_FLAGS', '')} "
+        f'--xla_force_host_platform_device_count={host_devices}').strip()
+  if t is not None:
+    xla_options.apply([t.kernel_platform], on=overlap)
+  with _without_start_lines():
+    yield t
+    _register_plugins(os.environ['JAX_PLATFORMS'])
 
 
-def devices(t: Target, slices: int = 1) -> list:
-  """Compile-only devices of ``slices`` copies of target t (TPU only for
-  more than one), in the order a mesh takes them."""
+def _register_plugins(platforms: str) -> None:
+  """JAX's plugins registered on ``platforms``, as set (also where JAX was
+  imported before they were, while no backend has started); nothing where
+  JAX is not imported yet (it starts later, as set). No compiler starts
+  here: each reads its options as a topology is described."""
+  jax, bridge = sys.modules.get('jax'), sys.modules.get('jax._src.xla_bridge')
+  if jax is None or bridge is None:
+    return
+  if (platforms and jax.config.jax_platforms != platforms
+      and not getattr(bridge, '_backends', None)):
+    jax.config.update('jax_platforms', platforms)
+  register = getattr(bridge, '_discover_and_register_pjrt_plugins', None)
+  if register is not None:
+    register()
+
+
+@contextlib.contextmanager
+def _without_start_lines() -> Iterator[None]:
+  """Holds back what is written to stderr's file descriptor (where the
+  runtimes' C++ logs go) while it runs, then writes it out less the lines
+  of _START_LINES, also when it raises."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      lines = held.read().decode(errors='replace').splitlines(keepends=True)
+      kept = ''.join(line for line in lines
+                     if not any(said in line for said in _START_LINES))
+      if kept:
+        sys.stderr.write(kept)
+        sys.stderr.flush()
+
+
+def check_slices(t: Target, slices: int) -> None:
+  """UsageError in one sentence for a number of slices t cannot be."""
   if slices < 1:
     raise UsageError(f'--slices must be 1 or more, got {slices}.')
   if slices > 1 and t.platform != 'tpu':
     raise UsageError(f'--slices {slices}: several slices are a TPU layout; '
                      f'{t.name} is a GPU target.')
-  _require(t)
-  if t.platform == 'tpu':
-    extra = {'chip_config_name': 'megacore'} if t.megacore else {}
-    # Four chips a host (one for a one-chip slice), as TPU VMs have them.
-    bounds = (2, 2, 1) if t.chips >= 4 else (1, 1, 1)
-    topo = topologies.get_topology_desc(
-        platform='tpu', topology_name=t.topology,
-        chips_per_host_bounds=bounds, num_slices=slices, **extra)
-  else:
-    topo = topologies.get_topology_desc(
-        platform='cuda', topology=t.topology,
-        target_config=gpu_specs.target_config(t.chip))
-  # Slice by slice: a mesh's first axis split over slices crosses the
-  # data-center network only between them (make_mesh keeps this order).
-  return sorted(topo.devices, key=_device_order)
 
 
-def _device_order(device) -> tuple[int, int]:
-  return getattr(device, 'slice_index', 0) or 0, device.id
-
-
-def _require(t: Target) -> None:
-  """UsageError in one sentence when the target's compiler is absent."""
-  module = 'libtpu' if t.platform == 'tpu' else 'jax_cuda12_plugin'
+def require_compiler(t: Target) -> None:
+  """UsageError in one sentence, naming the extra, when the target's
+  compiler is absent."""
+  extra, module = AOT_EXTRA[t.platform]
   if importlib.util.find_spec(module) is None:
-    raise UsageError(f'Target {t.name} needs the {t.platform.upper()} '
-                     f'compiler ({module}), which is not installed; run '
-                     f'{AOT_INSTALL[t.platform]}.')
+    where = (', or into a folder on PYTHONPATH (docs/scaling.md)'
+             if t.platform == 'cuda' else '')
+    raise UsageError(f'Target {t.name} needs the {t.kernel_platform.upper()} '
+                     f'compiler ({module}, the {extra} extra), which is not '
+                     f'installed here: {AOT_INSTALL[t.platform]}{where}.')
 
 
 def kernel_platform(platform: str) -> str:

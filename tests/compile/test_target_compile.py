@@ -3,7 +3,10 @@ targets, collective bytes from the HLO, the report and the refusal.
 
 The compilers come from the ``aot`` extra (TPU) and ``aot-gpu`` (GPU; CI
 keeps it in .ci-cache/gpu-compiler, outside the environment). A test that
-needs one it cannot find is skipped, saying which.
+needs one it cannot find is skipped, saying which. ``train.py
+--aot_target`` and ``compile_at_size.py --target`` start one way
+(``targets.start``), tested here through both: nothing the runtimes print
+of their own start, and a missing compiler in one sentence.
 """
 
 import importlib.util
@@ -16,7 +19,7 @@ import pytest
 import repo
 import script_helpers
 
-from jax_transformer.compile import hlo_stats
+from jax_transformer.compile import hlo_stats, topology
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import gpu_specs, targets
 
@@ -104,17 +107,47 @@ def test_a_name_that_is_no_slice_is_refused_in_one_sentence(name, sentence):
   assert str(err.value).startswith(sentence), err.value
 
 
-def compile_at_size(*flags, pythonpath=None):
-  # Another process compiling for a TPU (a user's, a parallel test) holds
-  # libtpu's lock; compiling needs no TPU, so it may be shared.
-  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1',
-             ALLOW_MULTIPLE_LIBTPU_LOAD='1')
+# What the runtimes print of their own start on this host, without their
+# hardware: libtpu's (no TPU VM's metadata, no worker hostnames, JAX's TPU
+# backend) and the CUDA plugin's (no driver, once per library, each after
+# absl's note). A process that compiles for a target prints none of them.
+START_LINES = ('could not determine TPU', 'InitGoogle', 'libtpu_init_utils',
+               "Unable to initialize backend 'tpu'", 'cudart_stub',
+               'Could not find cuda drivers', 'absl::InitializeLog')
+
+
+def start_lines(stderr: str) -> list[str]:
+  return [line for line in stderr.splitlines()
+          if any(said in line for said in START_LINES)]
+
+
+def as_a_user(pythonpath=None) -> dict:
+  """The environment of a user's shell: none of the variables the test
+  session sets for its own JAX (the command sets what it needs), the GPU
+  compiler's folder on PYTHONPATH where given. Another process compiling
+  for a TPU (a user's, a parallel test) holds libtpu's lock; compiling
+  needs no TPU, so it may be shared."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('JAX_PLATFORMS', 'TPU_SKIP_MDS_QUERY', 'XLA_FLAGS')}
+  env['ALLOW_MULTIPLE_LIBTPU_LOAD'] = '1'
   if pythonpath:
     env['PYTHONPATH'] = os.pathsep.join(
         p for p in (pythonpath, env.get('PYTHONPATH')) if p)
+  return env
+
+
+def compile_at_size(*flags, pythonpath=None):
   return subprocess.run(
       [sys.executable, os.path.join(repo.SCRIPTS, 'compile_at_size.py'),
-       *flags], cwd=repo.ROOT, env=env, capture_output=True, text=True,
+       *flags], cwd=repo.ROOT, env=as_a_user(pythonpath),
+      capture_output=True, text=True, timeout=900)
+
+
+def train_aot(*flags, pythonpath=None):
+  """train.py --aot_target as a user runs it, from the repository root."""
+  return subprocess.run(
+      [sys.executable, 'train.py', *flags], cwd=repo.ROOT,
+      env=as_a_user(pythonpath), capture_output=True, text=True,
       timeout=900)
 
 
@@ -127,6 +160,7 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
                         '--config.seq_len=128', '--config.model.max_len=128',
                         '--serialize', str(tmp_path / 'step.bin'))
   assert out.returncode == 0, out.stderr[-3000:]
+  assert not start_lines(out.stderr), out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['device_kind'] == 'TPU v5 lite' and row['devices'] == 4
   assert row['fits'] and 0 < row['per_chip_bytes'] < row['chip_memory_bytes']
@@ -146,15 +180,14 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
 @needs_tpu
 @pytest.mark.slow
 def test_a_run_over_the_chips_memory_is_refused_in_one_sentence():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
-  # About a terabyte of activations per chip: refused, never prepared.
-  out = subprocess.run(
-      [sys.executable, 'train.py', '--config', 'lm_shakespeare:tiny',
-       '--config.batch_size=1048576', '--aot_target', 'v5e-4',
-       '--workdir', '/nonexistent/never_made'],
-      cwd=repo.ROOT, env=env, capture_output=True, text=True, timeout=900)
+  # About a terabyte of activations per chip: refused, never prepared; in
+  # a shell that sets nothing for libtpu, which says nothing of its start.
+  out = train_aot('--config', 'lm_shakespeare:tiny',
+                  '--config.batch_size=1048576', '--aot_target', 'v5e-4',
+                  '--workdir', '/nonexistent/never_made')
   assert out.returncode == 2, out.stderr[-3000:]
-  last = out.stderr.strip().splitlines()[-1]
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+  last = out.stderr.strip()
   assert last.startswith('train.py: error: --aot_target v5e-4: '
                          'lm_shakespeare:tiny needs '), last
   assert ('per chip to train by the TPU v5 lite compiler, and a chip has '
@@ -170,6 +203,7 @@ def test_a_tiny_lm_compiles_for_one_h100_host_with_the_gpu_compiler():
                         '--config.model.dtype=bfloat16',
                         pythonpath=GPU_COMPILER)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert not start_lines(out.stderr), out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['device_kind'] == 'NVIDIA H100 80GB HBM3'
   assert row['fits'] and row['devices'] == 8
@@ -244,12 +278,62 @@ def test_a_tiny_lm_compiles_for_two_h100_hosts_with_fsdp_across_them():
   assert row['mesh_spans'] == {'data': 1, 'fsdp': 2, 'tensor': 1}
 
 
+@needs_gpu
+@pytest.mark.slow
+def test_train_compiles_for_two_h100_hosts_as_compile_at_size_does():
+  """train.py --aot_target starts as compile_at_size.py --target does: a
+  GPU target compiles (it ended in "topology not implemented for cuda"),
+  and the CUDA plugin's start-up lines are held back."""
+  out = train_aot('--config', 'lm_350m', '--aot_target', 'h100-16',
+                  pythonpath=GPU_COMPILER)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert not start_lines(out.stderr), out.stderr[-3000:]
+  summary = out.stdout.strip().splitlines()[-1]
+  assert summary.startswith('lm_350m on h100-16 (16 x NVIDIA H100 80GB '
+                            'HBM3, '), summary
+  assert ': fits: ' in summary and 'per chip of 80.0 GB' in summary
+
+
+@pytest.mark.skipif(importlib.util.find_spec('jax_cuda12_plugin')
+                    is not None, reason='the GPU compiler is installed here')
+@pytest.mark.parametrize('command', [
+    ['train.py', '--config', 'lm_350m', '--aot_target', 'h100-8'],
+    [os.path.join('scripts', 'compile_at_size.py'), '--target', 'h200-16',
+     '--config', 'lm_350m'],
+])
+def test_a_missing_gpu_compiler_is_one_sentence_naming_the_extra(command):
+  out = subprocess.run([sys.executable, *command], cwd=repo.ROOT,
+                       env=as_a_user(), capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 2, out.stderr[-3000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].endswith(
+      'needs the GPU compiler (jax_cuda12_plugin, the aot-gpu extra), which '
+      "is not installed here: pip install -e '.[aot-gpu]', or into a folder "
+      'on PYTHONPATH (docs/scaling.md).'), lines[0]
+
+
+def test_a_missing_tpu_compiler_is_one_sentence_before_jax_starts(
+    monkeypatch):
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: (
+      None if name == 'libtpu' else find_spec(name, *a)))
+  before = dict(os.environ)
+  with pytest.raises(UsageError) as err, targets.start('v5e-4'):
+    pytest.fail('started without its compiler')
+  assert str(err.value) == (
+      'Target v5e-4 needs the TPU compiler (libtpu, the aot extra), which '
+      "is not installed here: pip install -e '.[aot]'.")
+  assert dict(os.environ) == before  # refused before setting anything
+
+
 def test_devices_come_slice_by_slice():
   class Device:
     def __init__(self, slice_index, id_):
       self.slice_index, self.id = slice_index, id_
   mixed = [Device(1, 0), Device(0, 1), Device(0, 0), Device(1, 1)]
-  order = sorted(mixed, key=targets._device_order)  # pylint: disable=protected-access
+  order = sorted(mixed, key=topology._device_order)  # pylint: disable=protected-access
   assert [(d.slice_index, d.id) for d in order] == [(0, 0), (0, 1), (1, 0),
                                                      (1, 1)]
 

@@ -136,9 +136,9 @@ def test_two_tpu_slices_and_their_compile_build_one_mesh(monkeypatch):
   target (what ``--aot_target`` compiles) is lowered on that very mesh."""
   monkeypatch.setenv('TPU_SKIP_MDS_QUERY', '1')
   monkeypatch.setenv('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
-  from jax_transformer.compile import lowering  # pylint: disable=g-import-not-at-top
+  from jax_transformer.compile import lowering, topology  # pylint: disable=g-import-not-at-top
   from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
-  devices = targets.devices(targets.target('v5e-4'), slices=2)
+  devices = topology.devices(targets.target('v5e-4'), slices=2)
   assert {d.slice_index for d in devices} == {0, 1}
   cfg = cli.load_config('lm_shakespeare:tiny')
   cfg.mesh.update(data=2, fsdp=4)
