@@ -22,11 +22,13 @@
 #                    v6e v2-alpha-tpuv6e, v5p v2-alpha-tpuv5, v5e
 #                    (v5litepod) v2-alpha-tpuv5-lite, v4 and older
 #                    tpu-ubuntu2204-base
-#   NODE_COUNT       slices (default 1). Above 1 they are one queued
+#   NODE_COUNT       slices (default: what `create --node-count N` recorded
+#                    for TPU_NAME, else 1). Above 1 they are one queued
 #                    resource of NODE_COUNT nodes named TPU_NAME-0, TPU_NAME-1,
 #                    ...; every command reaches all of them through
 #                    `gcloud compute tpus queued-resources ssh --node=all`.
-#                    Set it for every command, not only for create.
+#                    `create --node-count N` records N in
+#                    ~/.config/jax_transformer/tpu_vm/TPU_NAME for the others.
 #   CREATE_FLAGS     more flags for `queued-resources create` (e.g. --spot),
 #                    also used when babysit recreates the slice
 #   BUCKET           gs://bucket to mount at /mnt/data (mount, babysit)
@@ -55,7 +57,8 @@
 # (`ssh-add ~/.ssh/google_compute_engine`). docs/launch.md walks through it.
 set -euo pipefail
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}"
-NODE_COUNT="${NODE_COUNT:-1}"
+node_count_file="$HOME/.config/jax_transformer/tpu_vm/$TPU_NAME"
+NODE_COUNT="${NODE_COUNT:-$(cat "$node_count_file" 2>/dev/null || echo 1)}"
 PYTHON="${PYTHON:-python3.11}"
 repo_dir="$(cd "$(dirname "$0")/../.." && pwd)"
 usage='create|install|mount|prepare|train|status|logs|stop|delete|babysit'
@@ -354,12 +357,23 @@ do_create() {
     runtime=$(default_runtime "$TYPE") ||
       fail "no default RUNTIME for TYPE=$TYPE; set RUNTIME (docs: cloud.google.com/tpu/docs/runtimes)."
   fi
-  for arg in ${create_flags[@]+"${create_flags[@]}"} "$@"; do
-    case "$arg" in
-      --node-count*|--node-prefix*|--node-id*)
-        fail "set NODE_COUNT=N for every command instead of passing $arg (the slices are then $TPU_NAME-0, $TPU_NAME-1, ...)." ;;
+  local rest=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --node-count=*) NODE_COUNT="${1#*=}" ;;
+      --node-count) NODE_COUNT="${2:-}"; shift ;;
+      --node-prefix*|--node-id*)
+        fail "$1 is set by tpu_vm.sh (the slices are $TPU_NAME, or $TPU_NAME-0, $TPU_NAME-1, ... with --node-count N)." ;;
+      *) rest+=("$1") ;;
     esac
+    shift
   done
+  set -- ${rest[@]+"${rest[@]}"}
+  case "$NODE_COUNT" in
+    ''|*[!0-9]*|0) fail "--node-count must be a number of slices, 1 or more." ;;
+  esac
+  mkdir -p "$(dirname "$node_count_file")"
+  echo "$NODE_COUNT" > "$node_count_file"
   local nodes=(--node-id "$TPU_NAME")
   if [ "$NODE_COUNT" -gt 1 ]; then
     nodes=(--node-count "$NODE_COUNT" --node-prefix "$TPU_NAME")

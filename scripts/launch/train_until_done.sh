@@ -13,13 +13,16 @@
 #   1    a failure (a bug, a non-finite loss, a failed save)
 #   2    refused: bad config or input (rerunning changes nothing)
 #   124  stuck: nothing progressed for config.step_timeout_s
+#   126, 127  python or train.py cannot run (not found, not executable:
+#        a shell without the project's environment)
 #                                      -> stop with that status
 # MAX_RESTARTS (default 100) bounds the restarts; RESTART_DELAY_S (default
 # 10) spaces them, so a machine that is coming back has time to.
 #
 # SIGTERM or SIGINT to this script as well as to train.py (Ctrl-C, `scancel`,
-# `pkill -TERM -f train`) stops for good: train.py saves and exits 75, and
-# the loop ends with it instead of restarting.
+# the launchers' `stop`) stops for good: train.py saves and exits 75, and
+# the loop ends with it instead of restarting; one that arrives while the
+# loop waits to restart ends the loop there.
 set -u
 stopping=
 trap 'stopping=1' TERM INT
@@ -39,6 +42,11 @@ while true; do
     0)
       echo "train_until_done: finished." >&2
       exit 0 ;;
+    126|127)
+      echo "train_until_done: python could not run train.py (status" \
+        "$status: not found or not executable; is the project's environment" \
+        "active in this shell?); stopping." >&2
+      exit "$status" ;;
     1|2|124)
       echo "train_until_done: train.py exited with status $status, which a" \
         "restart would not mend (docs/reliability.md); stopping." >&2
@@ -52,5 +60,11 @@ while true; do
   fi
   echo "train_until_done: train.py exited with status $status; restart" \
     "$restarts of $max_restarts in $delay s." >&2
-  sleep "$delay"
+  sleep "$delay" &
+  wait $! || kill $! 2>/dev/null  # a signal interrupts the wait
+  if [ -n "$stopping" ]; then
+    echo "train_until_done: stopped by a signal while waiting to restart;" \
+      "not restarting." >&2
+    exit "$status"
+  fi
 done

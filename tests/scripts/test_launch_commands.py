@@ -1,9 +1,10 @@
-"""The launch scripts issue the commands docs/launch.md describes: stand-in
-gcloud, srun and scontrol on PATH record them, and every gcloud command
+"""The launch scripts issue the commands docs/launch.md describes: a stand-in
+gcloud on PATH records them, and every gcloud command
 tpu_vm.sh issues, for one slice and for several, is parsed by the real
 gcloud where it is installed (test_launch_remote.py runs what the commands
 run on the workers; the runs these start are tested in
-test_launch_scripts.py and tests/runtime)."""
+test_launch_scripts.py and tests/runtime; the SLURM job on a real SLURM in
+test_slurm_jobs.py)."""
 
 import concurrent.futures
 import json
@@ -22,30 +23,6 @@ SLICE = {'TPU_NAME': 'lm-run', 'ZONE': 'us-east5-a', 'TYPE': 'v5p-128'}
 FLAGS = ('--config', 'lm_1_3b', '--workdir', 'gs://b/runs/my run')
 
 
-def run(tmp_path, *args, script=SCRIPT, status=0, **env):
-  """script run with stand-ins that record each call as a line of
-  'NAME ARGS' (newlines in ARGS as spaces) and exit with status."""
-  bin_dir = tmp_path / 'bin'
-  bin_dir.mkdir(exist_ok=True)
-  log = tmp_path / 'calls.log'
-  for name in ('gcloud', 'srun', 'scontrol', 'ssh'):
-    stand_in = bin_dir / name
-    stand_in.write_text(
-        f'#!/bin/sh\nprintf "{name} %s" "$*" | tr "\\n" " " >> "$CALLS"\n'
-        f'echo >> "$CALLS"\nexit {status}\n')
-    stand_in.chmod(0o755)
-  full_env = {**os.environ, 'PATH': f'{bin_dir}:{os.environ["PATH"]}',
-              'CALLS': str(log), 'TPU_NAME': 'lm-run',
-              'ZONE': 'us-east5-a', 'TYPE': 'v5p-128',
-              'RUNTIME': 'v2-alpha-tpuv5', **env}
-  out = subprocess.run(['bash', script, *args], env=full_env,
-                       capture_output=True, text=True, timeout=60)
-  calls = ([line.strip() for line in log.read_text().splitlines()]
-           if log.exists() else [])
-  log.unlink(missing_ok=True)
-  return out, calls
-
-
 def tpu(tmp_path, *args, **env):
   """tpu_vm.sh ARGS with the stand-in gcloud of tpu_vm_stand_in.py (it
   runs nothing: no $WORKER_HOME); its output and the gcloud calls, each
@@ -55,6 +32,7 @@ def tpu(tmp_path, *args, **env):
   full_env = {k: v for k, v in os.environ.items()
               if not k.startswith(('CLOUDSDK_', 'NODE_COUNT', 'RUNTIME'))}
   full_env.update(PATH=f'{bin_dir}:{os.environ["PATH"]}', CALLS=str(log),
+                  HOME=str(tmp_path),
                   LOGS_DIR=str(tmp_path / 'logs'), POLL_S='0', **SLICE)
   full_env.update(env)
   out = subprocess.run(['bash', SCRIPT, *args], env=full_env,
@@ -168,11 +146,27 @@ def test_the_runtime_follows_the_tpu_generation(tmp_path, kind, runtime):
   assert call[call.index('--runtime-version') + 1] == 'my-runtime'
 
 
+def test_create_node_count_is_remembered_by_the_later_commands(tmp_path):
+  """The guide's line: `create --node-count 2`, then every command
+  without NODE_COUNT reaches both slices."""
+  out, (call,) = tpu(tmp_path, 'create', '--node-count', '2', '--spot')
+  assert out.returncode == 0, out.stderr
+  assert call[4:9] == ['lm-run', '--node-count', '2', '--node-prefix',
+                       'lm-run'] and call[-1] == '--spot'
+  _, (ssh,) = tpu(tmp_path, 'stop')
+  assert ssh[:9] == ['compute', 'tpus', 'queued-resources', 'ssh', 'lm-run',
+                     '--zone', 'us-east5-a', '--node=all', '--worker=all']
+  tpu(tmp_path, 'create', '--node-count', '1')
+  _, (ssh,) = tpu(tmp_path, 'stop')
+  assert ssh[:5] == ['compute', 'tpus', 'tpu-vm', 'ssh', 'lm-run']
+
+
 @pytest.mark.parametrize('args, env, says', [
     (('launch',), {}, "unknown command 'launch'"),
     (('create',), {'TYPE': ''}, 'set TYPE'),
     (('create',), {'TYPE': 'v9-8'}, 'set RUNTIME'),
-    (('create', '--node-count', '2'), {}, 'set NODE_COUNT=N'),
+    (('create', '--node-id', 'x'), {}, '--node-id is set by tpu_vm.sh'),
+    (('create', '--node-count', 'two'), {}, '--node-count must be'),
     (('stop',), {'NODE_COUNT': 'two'}, 'NODE_COUNT must be'),
     (('babysit',), {}, "babysit takes train's flags"),
     (('logs',), {'WORKERS_ANSWER': ''}, 'set WORKERS'),
@@ -316,8 +310,8 @@ needs_gcloud = pytest.mark.skipif(shutil.which('gcloud') is None,
 @needs_gcloud
 def test_the_real_gcloud_takes_one_and_several_slices(tmp_path):
   """The guide's multi-slice create, which gcloud once refused."""
-  commands = [tpu(tmp_path, 'create', **env)[1][0]
-              for env in ({}, {'NODE_COUNT': '2'})]
+  commands = [tpu(tmp_path, 'create', *args)[1][0]
+              for args in ((), ('--node-count', '2'))]
   assert_parsed(commands, real_gcloud(tmp_path, commands))
 
 
@@ -327,20 +321,3 @@ def test_the_real_gcloud_parses_every_command(tmp_path):
   commands = every_gcloud_command(tmp_path)
   assert len(commands) >= 15
   assert_parsed(commands, real_gcloud(tmp_path, commands))
-
-
-def test_the_slurm_job_runs_the_loop_on_every_node_and_requeues_after_75(
-    tmp_path):
-  script = os.path.join(LAUNCH, 'slurm_train.sbatch')
-  flags = ('--config', 'lm_1_3b', '--workdir', '/shared/runs/x')
-  out, calls = run(tmp_path, *flags, script=script, status=75,
-                   SLURM_JOB_ID='17', SLURM_SUBMIT_DIR=repo.ROOT)
-  assert out.returncode == 75
-  assert calls == ['srun --kill-on-bad-exit=1 bash scripts/launch/'
-                   'train_until_done.sh --config lm_1_3b --workdir '
-                   '/shared/runs/x', 'scontrol requeue 17']
-  out, calls = run(tmp_path, *flags, script=script, status=0,
-                   SLURM_JOB_ID='17', SLURM_SUBMIT_DIR=repo.ROOT)
-  assert out.returncode == 0 and len(calls) == 1
-  with open(script) as f:
-    assert '#SBATCH --ntasks-per-node=1' in f.read()

@@ -1,7 +1,9 @@
 """The launch guide's scripts (docs/launch.md), run as a user runs them."""
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,10 +20,10 @@ UNTIL_DONE = os.path.join(repo.SCRIPTS, 'launch', 'train_until_done.sh')
 
 def until_done(workdir, data_dir, *flags, env=None, wait=True):
   """train_until_done.sh over lm_shakespeare:tiny on 1 CPU device."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', RESTART_DELAY_S='0',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1',
-             **(env or {}))
-  cmd = ['bash', UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'RESTART_DELAY_S': '0',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         **(env or {})}
+  cmd = [shutil.which('bash'), UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
          '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
          '--config.sample.enabled=False', '--config.mesh.data=1', *flags]
   if wait:
@@ -75,3 +77,38 @@ def test_a_stop_signal_to_the_loop_and_the_run_is_not_restarted(
   assert proc.returncode == 75, err[-3000:]
   assert 'stopped by a signal' in err and 'restart 1' not in err
   assert (work / 'checkpoints').exists()
+
+
+def test_a_shell_without_python_is_not_restarted(tmp_path):
+  """ssh's non-interactive shell without the project's environment: 127
+  once, not MAX_RESTARTS times."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  for tool in ('dirname', 'sleep'):
+    os.symlink(shutil.which(tool), bin_dir / tool)
+  out = until_done(tmp_path / 'w', tmp_path / 'data', env={
+      'PATH': str(bin_dir)})
+  assert out.returncode == 127, out.stderr[-3000:]
+  assert 'python could not run train.py (status 127' in out.stderr
+  assert 'restart 1' not in out.stderr
+
+
+def test_a_stop_while_the_loop_waits_to_restart_ends_it(tmp_path,
+                                                        real_data_dir):
+  data.prepare('shakespeare', real_data_dir)
+  proc = until_done(tmp_path / 'w', real_data_dir, '--config.num_steps=4',
+                    env={'JAX_TRANSFORMER_FAULT': 'SIGKILL@compile:1',
+                         'RESTART_DELAY_S': '600'}, wait=False)
+  try:
+    deadline = time.time() + 300
+    seen = ''
+    while 'restart 1 of 100 in 600 s' not in seen and time.time() < deadline:
+      seen += proc.stderr.readline()
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)  # the loop; what train.py left may hold the pipe
+    err = proc.stderr.readline()
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert proc.returncode == 137, seen + err
+  assert 'stopped by a signal while waiting to restart' in err

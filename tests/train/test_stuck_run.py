@@ -3,6 +3,7 @@ stack, one line, exit status 124 (runtime/stall.py)."""
 
 import os
 import subprocess
+import time
 
 import pytest
 from train_runs import train
@@ -68,6 +69,18 @@ def test_a_fault_names_its_action_phase_and_step():
   assert faults.parse('SIGTERM@eval:8') == ('SIGTERM', 'eval', 8)
   with pytest.raises(UsageError, match='ACTION@PHASE:STEP'):
     faults.parse('SIGTERM@lunch:8')
+  assert faults.parse('sleep20@save:*') == ('sleep20', 'save', None)
+  with pytest.raises(UsageError, match='STEP a number or'):
+    faults.parse('sleepy@save:*')
+
+
+def test_a_sleep_fault_acts_once_at_any_step_of_its_phase(monkeypatch):
+  monkeypatch.setattr(faults, '_planned', faults.parse('sleep1@save:*'))
+  start = time.monotonic()
+  faults.reached('eval', 7)
+  assert faults._planned is not None
+  faults.reached('save', 7)
+  assert faults._planned is None and time.monotonic() - start >= 1
 
 
 @pytest.mark.slow
