@@ -15,6 +15,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax
 import pytest
+from gcs_server import gcs, gcs_bucket  # noqa: F401 (fixtures for every folder)
 
 jax.config.update('jax_default_matmul_precision', 'highest')
 

@@ -125,9 +125,14 @@ def check_writable(workdir: epath.Path, need_bytes: int = 0,
     probe.write_text('ok')
     probe.unlink()
   except OSError as err:
+    reason = err.strerror or err
+    if is_remote(workdir) and isinstance(err, FileNotFoundError):
+      # Object storage answers a write into a missing bucket with "not
+      # found" and the request's URL.
+      bucket = os.fspath(workdir).split('://', 1)[1].split('/', 1)[0]
+      reason = f'no bucket {bucket} that this machine can reach'
     raise UsageError(f'Cannot write the workdir {workdir}{who} '
-                     f'({err.strerror or err}); choose a writable '
-                     '--workdir.') from None
+                     f'({reason}); choose a writable --workdir.') from None
   if need_bytes and not is_remote(workdir):
     free = shutil.disk_usage(workdir).free
     if free < need_bytes:

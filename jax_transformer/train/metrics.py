@@ -4,13 +4,14 @@ hooks add), written to a JSONL file and TensorBoard events in the workdir.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import Mapping
 
 import jax
 import ml_collections
-from absl import logging
+from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 
 from jax_transformer.runtime import storage
@@ -75,17 +76,49 @@ class MetricWriter:
 
 
 def _tensorboard(paths: WorkdirPaths):
-  """A TensorBoard writer under WORKDIR/tensorboard, or None (with a
-  warning) where tensorboardX cannot reach the workdir's object store."""
-  root = paths.root
-  kind = storage.scheme(root)
-  if kind is not None and not {'gs': record_writer.GCS_ENABLED,
-                               's3': record_writer.S3_ENABLED}.get(kind):
-    logging.warning('No TensorBoard events in %s: tensorboardX needs '
-                    'google-cloud-storage (gs://) or boto3 (s3://); '
-                    'metrics.jsonl is written.', root)
-    return None
+  """A TensorBoard writer under WORKDIR/tensorboard."""
+  for kind in storage.REMOTE_SCHEMES:
+    record_writer.register_writer_factory(kind, _StoredEvents())
   return SummaryWriter(str(paths.tensorboard))
+
+
+class _StoredEvents:
+  """tensorboardX's writers of event files in object storage: through epath,
+  as every other file of the workdir.
+
+  In place of tensorboardX's own gs:// writer, which puts its file again
+  whenever it is collected; tensorboardX keeps each SummaryWriter until the
+  process exits (an atexit hook), so every run's events went up once more
+  at exit, and where storage could not be reached by then, the exit waited
+  out a 120 s retry per run.
+  """
+
+  def open(self, path: str):
+    return _StoredEventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # object storage has no folders to make
+
+
+class _StoredEventFile:
+  """An event file put whole at each flush that added to it (an object
+  store has no append; the file stays small: a few scalars per row)."""
+
+  def __init__(self, path: str):
+    self._path = epath.Path(path)
+    self._data = io.BytesIO()
+    self._stored = None
+
+  def write(self, data: bytes) -> None:
+    self._data.write(data)
+
+  def flush(self) -> None:
+    if self._stored != self._data.tell():
+      storage.write_atomic(self._path, self._data.getvalue())
+      self._stored = self._data.tell()
+
+  def close(self) -> None:
+    self.flush()
 
 
 def _cut_torn_line(path) -> None:

@@ -221,20 +221,15 @@ def test_bad_data_fields_are_refused(tmp_path, fields, expected):
     data.spec_for(cfg)
 
 
-def test_files_from_a_bucket_prepare_to_a_local_data_dir(tmp_path,
-                                                         monkeypatch):
-  import fake_gcs
-  root = tmp_path / 'buckets'
-  write_jsonl(str(root / 'bucket' / 'corpus' / 'a.jsonl'),
-              [{'text': d} for d in DOCS[:10]])
-  fake_gcs.install(monkeypatch, str(root))
-  try:
-    cfg = lm_cfg(tmp_path, train_files='gs://bucket/corpus/*.jsonl')
-    prepared = data.prepare_for(cfg)
-    assert prepared.spec.files[0] == ('gs://bucket/corpus/a.jsonl',)
-    assert texts_of(prepared, 'train') == sorted(DOCS[:9])
-  finally:
-    fake_gcs.forget_filesystems()
+def test_files_from_a_bucket_prepare_to_a_local_data_dir(tmp_path, gcs,
+                                                         gcs_bucket):
+  """From a bucket of a GCS server (tests/gcs_server.py)."""
+  write_jsonl(str(tmp_path / 'a.jsonl'), [{'text': d} for d in DOCS[:10]])
+  gcs.write(gcs_bucket, 'corpus/a.jsonl', (tmp_path / 'a.jsonl').read_bytes())
+  cfg = lm_cfg(tmp_path, train_files=f'gs://{gcs_bucket}/corpus/*.jsonl')
+  prepared = data.prepare_for(cfg)
+  assert prepared.spec.files[0] == (f'gs://{gcs_bucket}/corpus/a.jsonl',)
+  assert texts_of(prepared, 'train') == sorted(DOCS[:9])
 
 
 def test_parallel_tokenizing_writes_the_serial_store(tmp_path, monkeypatch):

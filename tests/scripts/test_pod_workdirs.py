@@ -1,6 +1,6 @@
 """What a pod trained, scored, decoded, exported and plotted elsewhere: the
-scripts take a gs:// workdir as training does (through tests/fake_gcs.py's
-stand-in bucket), and a model restored over this host's 8 CPU devices
+scripts take a gs:// workdir as training does (on a GCS server,
+tests/gcs_server.py), and a model restored over this host's 8 CPU devices
 (sharded on 'fsdp', as lm_7b trains) decodes the same tokens and exports
 the same tensors, bit for bit, as on one device.
 
@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 
-import fake_gcs
 import jax
 import numpy as np
 import pytest
@@ -147,42 +146,38 @@ def test_on_host_gathers_without_changing_the_model(fsdp_workdir):
 
 
 @pytest.fixture
-def bucket(tmp_path, monkeypatch, fake_data_dir):
-  """gs://bucket/run: the fixture workdir in the stand-in bucket; yields
-  (that URL, a local copy of the same workdir)."""
+def bucket(tmp_path, monkeypatch, fake_data_dir, gcs, gcs_bucket):
+  """gs://BUCKET/run: the fixture workdir in a bucket of the GCS server;
+  yields (that URL, a local copy of the same workdir)."""
   monkeypatch.chdir(tmp_path)
-  root = tmp_path / 'buckets'
-  copy_fixture(root / 'bucket' / 'run', fake_data_dir)
   local = copy_fixture(tmp_path / 'local', fake_data_dir)
-  fake_gcs.install(monkeypatch, str(root))
-  try:
-    yield 'gs://bucket/run', local
-  finally:
-    fake_gcs.forget_filesystems()
+  gcs.upload(local, gcs_bucket, 'run')
+  yield f'gs://{gcs_bucket}/run', local
   assert not os.path.exists(tmp_path / 'gs:')  # nothing under a local 'gs:'
 
 
-def test_evaluate_scores_a_gs_workdir_and_writes_into_it(bucket, tmp_path):
+def test_evaluate_scores_a_gs_workdir_and_writes_into_it(bucket, gcs,
+                                                         gcs_bucket):
   remote, local = bucket
   got = json.loads(ok(EVALUATE, ['--workdir', remote]))
   want = json.loads(ok(EVALUATE, ['--workdir', local]))
   assert got['metrics'] == want['metrics'] and got['step'] == 3
-  assert got['output_dir'] == 'gs://bucket/run/eval/validation-step3'
-  written = tmp_path / 'buckets/bucket/run/eval/validation-step3'
-  assert json.loads((written / 'metrics.json').read_text()) == got
+  assert got['output_dir'] == f'{remote}/eval/validation-step3'
+  written = gcs.read(gcs_bucket, 'run/eval/validation-step3/metrics.json')
+  assert json.loads(written) == got
 
 
-def test_generate_decodes_a_gs_workdir(bucket, tmp_path):
+def test_generate_decodes_a_gs_workdir(bucket, gcs, gcs_bucket):
   remote, local = bucket
   argv = ['--input', PROMPT, '--max_new_tokens', '12']
   got = ok(GENERATE, ['--workdir', remote, *argv])
   assert got == ok(GENERATE, ['--workdir', local, *argv])
   # Files in the bucket too, both ways.
-  (tmp_path / 'buckets/bucket/prompts.txt').write_text('ROMEO:\nTo be\n')
-  ok(GENERATE, ['--workdir', remote, '--input_file', 'gs://bucket/prompts.txt',
-                '--output_file', 'gs://bucket/out.txt', '--max_new_tokens',
-                '12'])
-  lines = (tmp_path / 'buckets/bucket/out.txt').read_text().split('\n')
+  gcs.write(gcs_bucket, 'prompts.txt', b'ROMEO:\nTo be\n')
+  ok(GENERATE, ['--workdir', remote, '--input_file',
+                f'gs://{gcs_bucket}/prompts.txt', '--output_file',
+                f'gs://{gcs_bucket}/out.txt', '--max_new_tokens', '12'])
+  lines = gcs.read(gcs_bucket, 'out.txt').decode().split('\n')
   assert lines[0] == got.rstrip('\n') and len(lines) == 3  # and ''
 
 
@@ -190,7 +185,7 @@ def test_export_writes_a_gs_workdir_as_a_local_one(bucket, tmp_path):
   remote, local = bucket
   out = ok(EXPORT, ['--workdir', remote, '--format', 'safetensors',
                     '--out', tmp_path / 'remote.safetensors'])
-  assert 'from step 3 of gs://bucket/run' in out
+  assert f'from step 3 of {remote}' in out
   ok(EXPORT, ['--workdir', local, '--format', 'safetensors',
               '--out', tmp_path / 'local.safetensors'])
   got, _ = exporter.read_safetensors(str(tmp_path / 'remote.safetensors'))
@@ -200,25 +195,25 @@ def test_export_writes_a_gs_workdir_as_a_local_one(bucket, tmp_path):
     assert got[name].tobytes() == want[name].tobytes(), name
 
 
-def test_plot_reads_a_gs_workdir_and_writes_into_the_bucket(bucket,
-                                                           tmp_path):
+def test_plot_reads_a_gs_workdir_and_writes_into_the_bucket(bucket, gcs,
+                                                           gcs_bucket):
   remote, local = bucket
-  ok(PLOT, [remote, local, '--out', 'gs://bucket/curves.png'])
-  with open(tmp_path / 'buckets/bucket/curves.png', 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  ok(PLOT, [remote, local, '--out', f'gs://{gcs_bucket}/curves.png'])
+  assert gcs.read(gcs_bucket, 'curves.png')[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 @pytest.mark.parametrize('script,argv', [
-    (EVALUATE, ['--workdir', 'gs://bucket/nope']),
-    (GENERATE, ['--workdir', 'gs://bucket/nope', '--input', PROMPT]),
-    (EXPORT, ['--workdir', 'gs://bucket/nope', '--format', 'safetensors',
+    (EVALUATE, ['--workdir', 'NOPE']),
+    (GENERATE, ['--workdir', 'NOPE', '--input', PROMPT]),
+    (EXPORT, ['--workdir', 'NOPE', '--format', 'safetensors',
               '--out', 'x.safetensors']),
-    (PLOT, ['gs://bucket/nope', '--out', 'x.png']),
+    (PLOT, ['NOPE', '--out', 'x.png']),
 ], ids=['evaluate', 'generate', 'export', 'plot'])
 def test_a_missing_gs_workdir_is_one_sentence(bucket, script, argv):
-  code, out, err = call(script, argv)
+  nope = bucket[0].replace('/run', '/nope')
+  code, out, err = call(script, [nope if a == 'NOPE' else a for a in argv])
   assert code == 2 and not out
-  assert err.count('\n') == 1 and 'gs://bucket/nope' in err
+  assert err.count('\n') == 1 and nope in err
   assert 'is not a directory' in err, err
 
 

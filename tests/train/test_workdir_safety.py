@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 
-import fake_gcs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +22,7 @@ from jax_transformer.data.tokenizers import (
 )
 from jax_transformer.errors import UsageError
 from jax_transformer.model.params import split
-from jax_transformer.runtime import storage
+from jax_transformer.runtime import faults, storage
 from jax_transformer.train import (
   checkpoint,
   checks,
@@ -72,32 +71,45 @@ def test_a_missing_filesystem_package_is_refused_before_any_work(
   assert not os.path.exists(tmp_path / 'gs:')  # nothing written locally
 
 
+def test_a_gs_workdir_in_no_bucket_is_refused_before_data_preparation(
+    tmp_path, gcs, no_data_preparation):
+  """The server answers a write into a missing bucket with 'not found' and
+  the request's URL: the refusal names the bucket instead."""
+  with pytest.raises(UsageError, match=r'^Cannot write the workdir '
+                     r'gs://no-such-bucket/run \(no bucket no-such-bucket '
+                     r'that this machine can reach\); choose a writable'):
+    trainer.train_and_evaluate(_tiny(tmp_path), 'gs://no-such-bucket/run')
+  assert 'no-such-bucket' not in gcs.buckets()  # nor was it made
+
+
 @pytest.mark.slow
-def test_a_gs_workdir_trains_and_resumes_in_the_bucket(tmp_path,
-                                                       monkeypatch):
-  """Through a local stand-in for GCS: every file lands in the bucket,
-  none in a local 'gs:' folder, train 4 + resume to 6 ends with the
-  parameters of an uninterrupted local run, and the gs:// workdir opens
-  for inference (evaluation, decoding, export) as a local one does."""
+def test_a_gs_workdir_trains_stops_and_resumes_in_the_bucket(
+    tmp_path, monkeypatch, gcs, gcs_bucket):
+  """On a GCS server (tests/gcs_server.py): every file lands in the
+  bucket, none in a local 'gs:' folder; a run stopped by SIGTERM at step 3
+  and resumed to 6 ends with the parameters of an uninterrupted local run,
+  and the gs:// workdir opens for inference as a local one does."""
   monkeypatch.chdir(tmp_path)
-  bucket_root = tmp_path / 'buckets'
-  (bucket_root / 'bucket').mkdir(parents=True)
-  fake_gcs.install(monkeypatch, str(bucket_root))
-  try:
-    cfg = _tiny(tmp_path, num_steps=4, checkpoint_every=2, log_every=2,
-                eval_every=4)
-    trainer.train_and_evaluate(cfg, 'gs://bucket/run')
-    cfg.num_steps = 6
-    trainer.train_and_evaluate(cfg, 'gs://bucket/run')
-    history = metrics.read_history('gs://bucket/run')
-    opened = restore.load_model('gs://bucket/run')
-  finally:
-    fake_gcs.forget_filesystems()
-  run = bucket_root / 'bucket' / 'run'
-  assert sorted(os.listdir(run)) == ['checkpoints', 'config.json',
-                                     'metrics.jsonl', 'tokenizer',
-                                     'tokenizer.sha256']
-  assert sorted(os.listdir(run / 'checkpoints')) == ['2', '4', '6']
+  workdir = f'gs://{gcs_bucket}/run'
+  cfg = _tiny(tmp_path, num_steps=6, checkpoint_every=2, log_every=2,
+              eval_every=4)
+  monkeypatch.setattr(faults, '_planned', faults.parse('SIGTERM@step:3'))
+  cut = trainer.train_and_evaluate(cfg, workdir)
+  assert cut['interrupted'] == 'SIGTERM'
+  saver = checkpoint.Checkpointer(workdir, async_save=False)
+  assert saver.latest_step() == 3
+  saver.close()
+  trainer.train_and_evaluate(cfg, workdir)
+  history = metrics.read_history(workdir)
+  opened = restore.load_model(workdir)
+
+  names = gcs.objects(gcs_bucket)
+  top = {name.split('/')[1] for name in names}
+  assert top == {'checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
+                 'tokenizer', 'tokenizer.sha256'}, names
+  steps = {name.split('/')[2] for name in names
+           if name.startswith('run/checkpoints/')}
+  assert steps == {'3', '4', '6'}, sorted(steps)  # keep_checkpoints=3
   assert not os.path.exists(tmp_path / 'gs:')
   assert [row['step'] for row in history] == [2, 4, 6]
 
