@@ -23,51 +23,9 @@ read -r -a hosts <<< "$HOSTS"
 repo_dir="${REPO_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}"
 port="${PORT:-4321}"
 
-quote() {  # $1 in single quotes, for any shell
-  local s=$1 q="'" escaped="'\\''"
-  printf "'%s'" "${s//$q/$escaped}"
-}
+# shellcheck source=scripts/launch/remote.sh
+source "$(dirname "$0")/remote.sh"
 
-# The command line that runs SCRIPT under bash with ARGS as "$@", whatever
-# the host's login shell.
-remote() {
-  local line
-  line="bash -c $(quote "$1") gpu_hosts"
-  shift
-  for arg in "$@"; do
-    line+=" $(quote "$arg")"
-  done
-  printf '%s' "$line"
-}
-
-read -r -d '' RUN_ALIVE <<'EOF' || true
-running() {
-  local p
-  p=$(cat ~/train.pid 2>/dev/null) && [ -n "$p" ] &&
-    ps -o args= -p "$p" 2>/dev/null | grep -q train_until_done && echo "$p"
-}
-EOF
-
-# One SIGTERM to the loop and one to what it runs (train.py, or the sleep
-# before a restart), never to this shell; a repeated stop sends none again.
-read -r -d '' STOP_SCRIPT <<'EOF' || true
-if ! w=$(running); then
-  echo "$(hostname): no run to stop."
-  exit 0
-fi
-procs=
-for loop in $(pgrep -P "$w"); do
-  procs="$procs $loop $(pgrep -P "$loop" | tr '\n' ' ')"
-done
-touch ~/train.signalled
-sent=
-for p in $procs; do
-  grep -qx "$p" ~/train.signalled && continue
-  echo "$p" >> ~/train.signalled
-  kill -TERM "$p" 2>/dev/null && sent="$sent $p"
-done
-echo "$(hostname): SIGTERM to${sent:- none again (sent before)}; the run saves and exits 75."
-EOF
 
 # $1 the repository, $2 PYTHON (may be empty), then train.py's flags.
 read -r -d '' START_SCRIPT <<'EOF' || true
@@ -94,12 +52,6 @@ if [ ! "$bin/python" -ef "$python" ]; then
   chmod +x "$bin/python"
 fi
 export PATH="$bin:$PATH"
-rm -f ~/train.exit ~/train.signalled
-nohup bash -c 'echo $$ > ~/train.pid
-  bash scripts/launch/train_until_done.sh "$@"
-  echo $? > ~/train.exit' train_until_done "$@" \
-  > ~/train.log 2>&1 < /dev/null &
-echo "$(hostname): started (pid $!) with $python; output in ~/train.log."
 EOF
 
 if [ -n "${STOP:-}" ]; then
@@ -107,7 +59,7 @@ if [ -n "${STOP:-}" ]; then
   for host in "${hosts[@]}"; do
     # shellcheck disable=SC2029  # the command is made here, on purpose
     ssh "$host" "$(remote "$RUN_ALIVE
-$STOP_SCRIPT")" || {
+$STOP_RUN")" || {
       echo "gpu_hosts: could not stop $host (ssh status $?)." >&2
       failed=1
     }
@@ -117,7 +69,8 @@ fi
 for i in "${!hosts[@]}"; do
   # shellcheck disable=SC2029
   ssh "${hosts[$i]}" "$(remote "$RUN_ALIVE
-$START_SCRIPT" "$repo_dir" "${PYTHON:-}" "$@" \
+$START_SCRIPT
+$START_LOOP" "$repo_dir" "${PYTHON:-}" "$@" \
     "--coordinator_address=${hosts[0]}:$port" \
     "--num_processes=${#hosts[@]}" "--process_id=$i")"
 done

@@ -80,30 +80,11 @@ say() {
 # Each is a bash script sent as `bash -c '<script>' tpu_vm ARGS...`, so it
 # runs the same under any login shell and takes its arguments as "$@".
 
-quote() {  # $1 in single quotes, for any shell
-  local s=$1 q="'" escaped="'\\''"
-  printf "'%s'" "${s//$q/$escaped}"
-}
-
-remote() {
-  local line
-  line="bash -c $(quote "$1") tpu_vm"
-  shift
-  for arg in "$@"; do
-    line+=" $(quote "$arg")"
-  done
-  printf '%s' "$line"
-}
+# shellcheck source=scripts/launch/remote.sh
+source "$(dirname "$0")/remote.sh"
 
 # The pid of this worker's run wrapper (the process that runs the restart
 # loop and writes ~/train.exit), if it is alive.
-read -r -d '' RUN_ALIVE <<'EOF' || true
-running() {
-  local p
-  p=$(cat ~/train.pid 2>/dev/null) && [ -n "$p" ] &&
-    ps -o args= -p "$p" 2>/dev/null | grep -q train_until_done && echo "$p"
-}
-EOF
 
 # apt on a freshly booted VM: unattended-upgrades holds the lock first.
 read -r -d '' APT_WAIT <<'EOF' || true
@@ -205,7 +186,6 @@ if [ -n "$held" ]; then
   [ -n "$left" ] && sudo kill -KILL $left 2>/dev/null
 fi
 sudo rm -f /tmp/libtpu_lockfile
-rm -f ~/train.exit ~/train.signalled
 workdir=$1
 shift
 case "$workdir" in
@@ -214,33 +194,6 @@ case "$workdir" in
 esac
 printf '%s\n' "$workdir" > ~/train.workdir
 export PATH="$PWD/.venv/bin:$PATH"
-nohup bash -c 'echo $$ > ~/train.pid
-  bash scripts/launch/train_until_done.sh "$@"
-  echo $? > ~/train.exit' train_until_done "$@" \
-  > ~/train.log 2>&1 < /dev/null &
-echo "$(hostname): started (pid $!); output in ~/train.log."
-EOF
-
-# stop: one SIGTERM to the loop and one to what it runs (train.py, or the
-# sleep before a restart), never to this shell; a retried stop (gcloud
-# retries a dropped connection) sends none a second time.
-read -r -d '' STOP <<'EOF' || true
-if ! w=$(running); then
-  echo "$(hostname): no run to stop."
-  exit 0
-fi
-procs=
-for loop in $(pgrep -P "$w"); do
-  procs="$procs $loop $(pgrep -P "$loop" | tr '\n' ' ')"
-done
-touch ~/train.signalled
-sent=
-for p in $procs; do
-  grep -qx "$p" ~/train.signalled && continue
-  echo "$p" >> ~/train.signalled
-  kill -TERM "$p" 2>/dev/null && sent="$sent $p"
-done
-echo "$(hostname): SIGTERM to${sent:- none again (sent before)}; the run saves and exits 75."
 EOF
 
 # status, per worker: whether train.py runs, the last exit status, the
@@ -429,7 +382,8 @@ do_train() {
     prev=$arg
   done
   on_all_workers "$(remote "$RUN_ALIVE
-$TRAIN" "$workdir" "$@")"
+$TRAIN
+$START_LOOP" "$workdir" "$@")"
 }
 
 do_logs() {
@@ -528,7 +482,7 @@ $STATUS")" || failed=1
     exit "$failed" ;;
   logs) do_logs ;;
   stop) on_all_workers "$(remote "$RUN_ALIVE
-$STOP")" ;;
+$STOP_RUN")" ;;
   delete) do_delete ;;
   babysit) do_babysit "$@" ;;
   *) fail "unknown command '$command'; use one of $usage." ;;
