@@ -99,10 +99,15 @@ def test_each_family_exports_and_transformers_loads_it(hf_folder, tmp_path):
   assert pretrained.open_source(out).fields == source.fields
 
 
-def test_mistral_exports_as_mistral_on_request(hf_folder, tmp_path):
-  family, folder, _ = hf_folder
-  if family != 'mistral':
-    pytest.skip('mistral only')
+@pytest.fixture(scope='module')
+def mistral_folder(tmp_path_factory):
+  folder = str(tmp_path_factory.mktemp('hf') / 'mistral')
+  save('mistral', folder, seed=3)
+  return folder
+
+
+def test_mistral_exports_as_mistral_on_request(mistral_folder, tmp_path):
+  folder = mistral_folder
   config, params, source = placed(folder)
   out = str(tmp_path / 'export')
   hf_export.write_folder(config, params, source.tokenizer(), out,

@@ -95,8 +95,8 @@ def test_lora_from_init_from_to_transformers(capsys, tmp_path, fake_data_dir,
 
 
 def check_peft_adapter(adapter_dir, base_dir, merged_dir, base, ids, tuned):
-  """The adapter folder, read as PEFT reads it, adds to the base exactly
-  what the merged export holds (without peft: by PEFT's formula)."""
+  """The adapter folder adds to the base exactly what the merged export
+  holds, by PEFT's formula, and PEFT itself loads it to the tuned logits."""
   with open(os.path.join(adapter_dir, 'adapter_config.json')) as f:
     config = json.load(f)
   assert config['peft_type'] == 'LORA' and config['r'] == 4
@@ -122,11 +122,7 @@ def check_peft_adapter(adapter_dir, base_dir, merged_dir, base, ids, tuned):
     key = module + '.weight'
     np.testing.assert_allclose(base_sd[key] + delta, merged_sd[key],
                                atol=1e-5)
-  try:
-    import peft  # noqa: F401 (optional)
-  except ImportError:
-    return
-  from peft import PeftModel
+  from peft import PeftModel  # the test extra brings it
   fresh = transformers.AutoModelForCausalLM.from_pretrained(
       base_dir, dtype=torch.float32)
   with warnings.catch_warnings(record=True) as caught:
