@@ -9,8 +9,9 @@ or a failed checkpoint write (naming the step and the last checkpoint); 2 a
 bad flag or a config that cannot run (one line on stderr, before any data
 is prepared or anything compiles, or a run --aot_target says does not
 fit); 69 another process of a multi-process run was lost; 75 stopped by
-SIGTERM or SIGINT after saving a checkpoint; 124 stuck (no step finished
-within config.step_timeout_s).
+SIGTERM or SIGINT after saving a checkpoint (or before the first step,
+with nothing new to save); 124 stuck (no step finished within
+config.step_timeout_s).
 
 --aot_target NAME (e.g. v5p-128, h100-8) compiles the run as configured
 with that accelerator's compiler on this host, without the hardware, and
@@ -144,7 +145,7 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   import jax  # pylint: disable=g-import-not-at-top
 
   from jax_transformer.runtime import distributed  # pylint: disable=g-import-not-at-top
-  from jax_transformer.train import trainer
+  from jax_transformer.train import preemption, trainer
   if values.compilation_cache_dir:
     jax.config.update('jax_compilation_cache_dir',
                       os.path.expanduser(values.compilation_cache_dir))
@@ -155,7 +156,12 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
                              barrier=values.barrier_timeout,
                              data=values.data_timeout))
   print(distributed.describe_job(), flush=True)  # one line per process
-  result = trainer.train_and_evaluate(values.config, values.workdir)
+  try:
+    result = trainer.train_and_evaluate(values.config, values.workdir)
+  except preemption.StoppedBeforeFirstStep as stopped:
+    # Preparing the data or waiting for the first batch: one line.
+    print(f'{PROG}: {stopped}', file=sys.stderr, flush=True)
+    return exits.EXIT_INTERRUPTED
   if result.get('interrupted'):
     # Saved and stopped early: not finished (see runtime/exits.py).
     return exits.EXIT_INTERRUPTED

@@ -8,9 +8,11 @@
 
 ``--config NAME[:preset]`` with ``--config.data....`` overrides prepares
 exactly what ``train.py`` with the same flags will read (dataset,
-tokenizer, token stores of its train and eval splits); ``--dataset`` a
-built-in with its default tokenizer. Data goes under --data_dir (or
-config.data.data_dir; default: $TFDS_DATA_DIR, else ~/tensorflow_datasets).
+tokenizer, token stores of its train and eval splits), then says what that
+run's rows keep of it (train.py's pre-flight line) and warns where its
+lengths exceed them; ``--dataset`` a built-in with its default
+tokenizer. Data goes under --data_dir (or config.data.data_dir; default:
+$TFDS_DATA_DIR, else ~/tensorflow_datasets).
 Running it again is cheap: what exists is reused.
 """
 
@@ -19,11 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
 from jax_transformer import cli
 from jax_transformer.data import datasets
+from jax_transformer.errors import UsageError
 
 PROG = 'prepare_data.py'
 
@@ -116,15 +120,31 @@ def show_examples(spec, source, tokenizer, count: int) -> None:
               f'{" ..." if len(ids) > 16 else ""}')
 
 
-def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace]:
-  """From --config (with overrides) or --dataset."""
+def check_rows(cfg, prepared) -> None:
+  """What train.py with the same flags says of this data before its first
+  step (data/preflight.py): its line, and a warning where the lengths
+  above exceed the run's rows (a refusal, there, is a warning here)."""
+  from jax_transformer.data import pipeline  # pylint: disable=g-import-not-at-top
+  for report in pipeline.training_preflight(cfg, prepared.tokenizer):
+    print(f'at the run\'s rows: {report.line()}')
+    warning = report.warning()
+    try:
+      report.check()
+    except UsageError as refusal:
+      warning = f'Warning: train.py with these flags would refuse: {refusal}'
+    if warning:
+      print(warning)
+
+
+def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace, Any]:
+  """From --config (with overrides) or --dataset; the config (or None)."""
   argv = list(sys.argv[1:] if argv is None else argv)
   spec, _ = cli.split_config_spec(argv)
   if spec is None:
     args = parse_args(argv)
     return datasets.prepare(
         args.dataset, args.data_dir, tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size, model_type=args.model_type), args
+        vocab_size=args.vocab_size, model_type=args.model_type), args, None
   rest = cli.split_config_spec(argv)[1]
   overrides = [a for a in rest if a.lstrip('-').startswith(
       ('config.', 'noconfig.'))]
@@ -134,13 +154,13 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace]:
   if args.data_dir:
     cfg.data.data_dir = args.data_dir
   return datasets.prepare_for(cfg.data, seq_len=cfg.get('seq_len'),
-                              workers=args.workers), args
+                              workers=args.workers), args, cfg
 
 
 @cli.entry_point(PROG)
 def main(argv=None) -> int:
   start = time.time()
-  prepared, args = prepare(argv)
+  prepared, args, cfg = prepare(argv)
   elapsed = time.time() - start
   spec = prepared.spec
   print(f'dataset:    {spec.name} ({spec.task})')
@@ -154,6 +174,8 @@ def main(argv=None) -> int:
   report_speed(prepared, source)
   print(f'train tokens per example: '
         f'{describe_lengths(spec, source, prepared.tokenizer)}')
+  if cfg is not None and not cfg.data.get('mixture'):
+    check_rows(cfg, prepared)
   show_examples(spec, source, prepared.tokenizer, args.num_examples)
   return 0
 

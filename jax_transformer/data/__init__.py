@@ -42,6 +42,7 @@ from jax_transformer.data.pipeline import (
                                            make_dataset,
                                            make_iterator,
                                            train_iterator,
+                                           training_preflight,
 )
 from jax_transformer.data.tokenizers import (
                                            BOS_ID,
@@ -61,6 +62,6 @@ __all__ = [
     'global_batch', 'initial_state', 'lm_example', 'lm_layout',
     'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
     'make_iterator', 'prepare', 'prepare_for', 'spec_for', 'train_iterator',
-    'translation_example',
+    'training_preflight', 'translation_example',
     'translation_layout', 'translation_source',
 ]

@@ -39,13 +39,14 @@ another, and attention must not cross a segment boundary
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import grain
 import numpy as np
 
 from jax_transformer.data.tokenizers import BOS_ID, EOS_ID
+from jax_transformer.errors import UsageError
 
 Example = Mapping[str, np.ndarray]  # feature -> 1-D int array
 Batch = dict[str, np.ndarray]       # feature -> [B, L] int32
@@ -305,8 +306,23 @@ def num_lm_windows(num_tokens: int, seq_len: int) -> int:
 #
 # The parent yields chunks (lists) of examples rather than single examples:
 # Grain's per-element overhead (futures, stats) is then paid once per chunk,
-# and reader threads work on a chunk at a time. ``None`` entries are examples
-# dropped by a filter.
+# and reader threads work on a chunk at a time. ``Dropped`` (or ``None``)
+# entries are examples dropped by a filter.
+
+
+class Dropped(NamedTuple):
+  """A training example left out because it is longer than its rows:
+  its length in each group of the layout (what a refusal reports)."""
+  lengths: tuple[int, ...]
+
+
+def dropped(example: Example, layout: Layout) -> Dropped:
+  return Dropped(tuple(_group_len(example, g) for g in layout))
+
+
+# Lengths of dropped examples a refusal keeps to describe (p50, max): at
+# most a pass's, and this many.
+_KEPT_LENGTHS = 10_000
 
 
 class PackIterator(grain.DatasetIterator):
@@ -316,11 +332,19 @@ class PackIterator(grain.DatasetIterator):
   example in it). A batch is made of consecutive examples, and the example
   that did not fit opens the next batch, so a restored iterator yields
   exactly the batches an uninterrupted one would.
+
+  ``pass_length`` (examples in one pass of the parent's data) bounds the
+  search for an example that is not dropped: after twice that many dropped
+  in a row (every window that long holds a whole pass, however each pass
+  is shuffled), no example of the data fits, and the iterator raises a
+  UsageError saying ``refusal(lengths of the dropped)`` instead of reading
+  forever.
   """
 
   def __init__(self, parent: grain.DatasetIterator, layout: Layout,
                batch_size: int, max_segments: int | None,
-               drop_remainder: bool):
+               drop_remainder: bool, pass_length: int | None = None,
+               refusal: Callable[[np.ndarray], str] | None = None):
     super().__init__(parent)
     self._layout = layout
     self._batch_size = batch_size
@@ -330,6 +354,11 @@ class PackIterator(grain.DatasetIterator):
     self._offset = 0            # next example in _chunk
     self._chunk_state = None    # parent state before _chunk was read
     self._exhausted = False
+    self._give_up_after = 2 * pass_length if pass_length else None
+    self._keep_lengths = min(pass_length or _KEPT_LENGTHS, _KEPT_LENGTHS)
+    self._refusal = refusal  # not a bound method: no cycle keeps self
+    self._dropped_in_a_row = 0
+    self._dropped_lengths: list[tuple[int, ...]] = []
 
   def _read_chunk(self) -> None:
     self._chunk_state = self._parent.get_state()
@@ -337,14 +366,35 @@ class PackIterator(grain.DatasetIterator):
     self._offset = 0
 
   def _peek(self) -> Example:
-    """The next example, not consumed; StopIteration at the end."""
+    """The next example, not consumed; StopIteration at the end; a
+    UsageError when a whole pass of the data was dropped."""
     while True:
       if self._chunk is None or self._offset >= len(self._chunk):
         self._read_chunk()
       example = self._chunk[self._offset]
-      if example is not None:
+      if example is not None and type(example) is not Dropped:
+        if self._dropped_in_a_row:
+          self._dropped_in_a_row = 0
+          self._dropped_lengths.clear()
         return example
       self._offset += 1
+      self._dropped_in_a_row += 1
+      if (isinstance(example, Dropped)
+          and len(self._dropped_lengths) < self._keep_lengths):
+        self._dropped_lengths.append(example.lengths)
+      if (self._give_up_after is not None
+          and self._dropped_in_a_row >= self._give_up_after):
+        lengths = np.asarray(self._dropped_lengths, np.int64).reshape(
+            -1, len(self._layout))
+        raise UsageError((self._refusal or self._default_refusal)(lengths))
+
+  def _default_refusal(self, lengths: np.ndarray) -> str:
+    rows = ', '.join(str(g.length) for g in self._layout)
+    longest = (f' (the longest {", ".join(map(str, lengths.max(0)))})'
+               if len(lengths) else '')
+    return (f'No example of a whole pass of the training data fits its '
+            f'rows of {rows} tokens{longest}, so no batch can be made; '
+            'raise the row lengths.')
 
   def __next__(self) -> Batch:
     if self._exhausted:
@@ -383,17 +433,22 @@ class PackAndBatchIterDataset(grain.IterDataset):
   """
 
   def __init__(self, parent: grain.IterDataset, layout: Layout,
-               batch_size: int, *, pack: bool, drop_remainder: bool = False):
+               batch_size: int, *, pack: bool, drop_remainder: bool = False,
+               pass_length: int | None = None,
+               refusal: Callable[[np.ndarray], str] | None = None):
     super().__init__(parent)
     self._layout = layout
     self._batch_size = batch_size
     self._pack = pack
     self._drop_remainder = drop_remainder
+    self._pass_length = pass_length
+    self._refusal = refusal
 
   def __iter__(self) -> PackIterator:
     return PackIterator(self._parent.__iter__(), self._layout,
                         self._batch_size, None if self._pack else 1,
-                        self._drop_remainder)
+                        self._drop_remainder, self._pass_length,
+                        self._refusal)
 
   def __str__(self) -> str:
     return (f'PackAndBatchIterDataset(batch_size={self._batch_size}, '
@@ -408,9 +463,14 @@ def pack_and_batch(examples: grain.MapDataset, layout: Layout,
                    batch_size: int, *, pack: bool,
                    read_options: grain.ReadOptions | None = None,
                    chunk_size: int = CHUNK_SIZE,
-                   drop_remainder: bool = False) -> PackAndBatchIterDataset:
-  """MapDataset of examples (None = skip) -> IterDataset of batches [B, L]."""
+                   drop_remainder: bool = False,
+                   pass_length: int | None = None,
+                   refusal: Callable[[np.ndarray], str] | None = None
+                   ) -> PackAndBatchIterDataset:
+  """MapDataset of examples (``Dropped`` or None = skip) -> IterDataset of
+  batches [B, L]; pass_length and refusal: see ``PackIterator``."""
   chunks = examples.batch(chunk_size, batch_fn=list)
   return PackAndBatchIterDataset(chunks.to_iter_dataset(read_options), layout,
                                  batch_size, pack=pack,
-                                 drop_remainder=drop_remainder)
+                                 drop_remainder=drop_remainder,
+                                 pass_length=pass_length, refusal=refusal)

@@ -46,7 +46,14 @@ import numpy as np
 from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data import batching, files, mixture, token_store, workers
+from jax_transformer.data import (
+  batching,
+  files,
+  mixture,
+  preflight,
+  token_store,
+  workers,
+)
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
@@ -182,6 +189,15 @@ def stored_stream(store, spec: DatasetSpec, tokenizer: Tokenizer
                    at - offsets[0], np.tile(sep, n - 1))
 
 
+def _stream_length(store, spec: DatasetSpec, tokenizer: Tokenizer) -> int:
+  """len(stored_stream(...)), without building the stream."""
+  offsets = store.offsets(spec.text_key)
+  n = len(offsets) - 1
+  sep = (1 if spec.stream_separator is None
+         else len(tokenizer.encode(spec.stream_separator)))
+  return int(offsets[-1] - offsets[0]) + max(n - 1, 0) * sep
+
+
 def _lm_stream_dataset(tokens, spec, *, seq_len, local_batch,
                        seed, shuffle, num_epochs, process_index,
                        process_count, evaluation) -> grain.MapDataset:
@@ -298,15 +314,21 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
         evaluation=evaluation)
     return ds.to_iter_dataset(in_memory)
 
-  layout = (batching.lm_layout(seq_len) if spec.task == 'lm' else
-            batching.instruction_layout(seq_len) if is_instruction(spec) else
-            batching.translation_layout(cfg.src_len or seq_len, seq_len))
+  layout = _layout(spec, cfg, seq_len)
   n_global = len(source if store is None else store)
+  # Training reads forever: a whole pass of this host's examples dropped
+  # twice over means none fits, refused rather than read on.
+  pass_length = len(range(n_global)[process_index::process_count])
+  guard = dict(pass_length=pass_length, refusal=functools.partial(
+      _iterator_refusal, training_rows(data_cfg, seq_len=seq_len,
+                                       batch_size=batch_size),
+      f'{split}{" on this host" if process_count > 1 else ""}',
+      pass_length))
   if store is not None and not evaluation:
     return _stored_training_batches(
         store, spec, cfg, layout, local_batch, seed=seed, shuffle=shuffle,
         num_epochs=num_epochs, process_index=process_index,
-        process_count=process_count, tokenizer=tokenizer)
+        process_count=process_count, tokenizer=tokenizer, guard=guard)
   ds = grain.MapDataset.source(source if store is None else store)
   ds = ds[process_index::process_count].map(
       _example_fn(spec, cfg, tokenizer) if store is None
@@ -328,22 +350,103 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     ds = ds.map(_training_fit(spec, layout))
   return batching.pack_and_batch(ds, layout, local_batch,
                                  pack=cfg.pack and not evaluation,
-                                 read_options=read_options)
+                                 read_options=read_options,
+                                 **({} if evaluation else guard))
+
+
+def _layout(spec: DatasetSpec, cfg: DataConfig, seq_len: int
+            ) -> batching.Layout:
+  return (batching.lm_layout(seq_len) if spec.task == 'lm' else
+          batching.instruction_layout(seq_len) if is_instruction(spec) else
+          batching.translation_layout(cfg.src_len or seq_len, seq_len))
 
 
 def _training_fit(spec: DatasetSpec, layout):
   """example -> what training keeps of it: an LM sentence cut to the row
-  (still good text), a translation pair whole or None (a cut target would
-  teach the decoder never to emit EOS; a MapDataset cannot be chunked after
-  .filter, so None marks a dropped pair)."""
+  (still good text), a translation pair whole or ``batching.Dropped`` (a
+  cut target would teach the decoder never to emit EOS; a MapDataset
+  cannot be chunked after .filter, so Dropped marks a dropped pair)."""
   if spec.task == 'lm' or is_instruction(spec):
     return lambda ex: batching.truncate(ex, layout)
-  return lambda ex: ex if batching.fits(ex, layout) else None
+  return lambda ex: (ex if batching.fits(ex, layout)
+                     else batching.dropped(ex, layout))
+
+
+def _iterator_refusal(rows: preflight.Rows, where: str, pass_length: int,
+                      lengths: np.ndarray) -> str:
+  """The training iterator's refusal after a whole pass dropped twice
+  (the pre-flight's sentence, for a share of the data its sample
+  missed)."""
+  read = f'a whole pass of the {pass_length:,} {rows.what}s of {where}'
+  if len(lengths) < pass_length:
+    read += f' (the first {len(lengths):,} measured)'
+  return preflight.refusal(rows, lengths, read)
+
+
+def training_rows(data_cfg: Any, *, seq_len: int, batch_size: int
+                  ) -> preflight.Rows | None:
+  """What a training example of data_cfg becomes in rows of seq_len
+  (``preflight.Rows``); None for a stream language model (windows)."""
+  cfg = DataConfig.from_any(data_cfg)
+  spec = spec_for(data_cfg)
+  if spec.task == 'lm' and spec.lm_mode == 'stream':
+    return None
+  layout = _layout(spec, cfg, seq_len)
+  rows = functools.partial(preflight.Rows, layout=layout,
+                           batch_size=batch_size, pack=bool(cfg.pack))
+  if spec.task == 'lm':
+    return rows('document', (preflight.Side(
+        spec.text_key, (spec.text_key,), 1, seq_len, 'seq_len'),),
+                drops=False, loss_side=0, untrained=None)
+  if is_instruction(spec):
+    return rows('record', (preflight.Side(
+        'prompt + completion', files.INSTRUCTION_KEYS, 1, seq_len,
+        'seq_len'),), drops=False, loss_side=0, untrained='prompt')
+  src, tgt = translation_keys(spec, cfg.direction)
+  src_flag = 'data.src_len' if cfg.src_len else 'seq_len'
+  return rows('pair', (
+      preflight.Side(src, (src,), 1, cfg.src_len or seq_len, src_flag),
+      preflight.Side(tgt, (tgt,), 1, seq_len, 'seq_len')),
+              drops=True, loss_side=1, untrained=None)
+
+
+def training_preflight(cfg: Any, tokenizer: Tokenizer, *,
+                       sample: int = preflight.SAMPLE) -> list[Any]:
+  """Before the first step: what the training split of an experiment
+  config (each source of a mixture) gives in its rows, measured on up to
+  ``sample`` examples of its token store (written first where missing):
+  ``preflight.Report`` (or ``StreamReport``) with the pre-flight line,
+  the warning and the refusal (``check``)."""
+  d = cfg.data
+  batch_size, seq_len = cfg.batch_size, cfg.seq_len
+  mixed = mixture.sources(d)
+  weights = sum(s.weight for s in mixed)
+  todo = [(s.data, s.train_split, s.label,
+           max(1, round(batch_size * s.weight / weights))) for s in mixed]
+  todo = todo or [(d, d.get('train_split') or 'train', None, batch_size)]
+  reports = []
+  for data_cfg, split, label, rows_per_batch in todo:
+    spec = spec_for(data_cfg)
+    data_dir = DataConfig.from_any(data_cfg).data_dir
+    store = token_store.open_or_build(
+        data_dir or default_data_dir(), spec.home, split, tokenizer,
+        spec.text_features, functools.partial(load_source, spec, split,
+                                              data_dir))
+    rows = training_rows(data_cfg, seq_len=seq_len,
+                         batch_size=rows_per_batch)
+    if rows is None:
+      reports.append(preflight.StreamReport(
+          split, _stream_length(store, spec, tokenizer), seq_len,
+          rows_per_batch, label))
+    else:
+      reports.append(preflight.measure(rows, store, split, label=label,
+                                       sample=sample))
+  return reports
 
 
 def _stored_training_batches(store, spec, cfg, layout, local_batch, *, seed,
                              shuffle, num_epochs, process_index,
-                             process_count, tokenizer):
+                             process_count, tokenizer, guard):
   """Training batches from a token store, the same as the per-example path
   gives: Grain orders example numbers (cheap), and each chunk of them is
   read and built in one call, so Grain's per-element cost is paid per
@@ -359,7 +462,7 @@ def _stored_training_batches(store, spec, cfg, layout, local_batch, *, seed,
   return batching.PackAndBatchIterDataset(
       chunks.to_iter_dataset(grain.ReadOptions(num_threads=0,
                                                prefetch_buffer_size=0)),
-      layout, local_batch, pack=cfg.pack)
+      layout, local_batch, pack=cfg.pack, **guard)
 
 
 class _Chunks(grain.MapDataset):

@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -232,6 +233,9 @@ _WORKER: dict[str, Any] = {}
 
 
 def _worker_init(opener, tokenizer, features) -> None:
+  # Ctrl-C reaches the whole process group: the parent stops (and ends
+  # this pool); a worker's own KeyboardInterrupt would only add tracebacks.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   _WORKER.update(source=opener(), tokenizer=tokenizer, features=features)
 
 

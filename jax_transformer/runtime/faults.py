@@ -11,7 +11,8 @@ first arrival at that point act, once per process:
 * ACTION ``sleepN``: blocks this thread for N seconds (a host slow to save
   or to read), then goes on.
 
-PHASE is one of PHASES: ``data`` (before the batch of STEP is read),
+PHASE is one of PHASES: ``prepare`` (before the run prepares its data,
+STEP 0), ``data`` (before the batch of STEP is read),
 ``compile`` (before the train step compiles, STEP being the first step this
 start runs), ``step`` (STEP dispatched, not finished), ``eval`` (between
 the batches of STEP's evaluation), ``save`` (STEP's checkpoint save
@@ -41,7 +42,7 @@ from jax_transformer.errors import UsageError
 
 ENV = 'JAX_TRANSFORMER_FAULT'
 PROCESS_ENV = 'JAX_TRANSFORMER_FAULT_PROCESS'
-PHASES = ('data', 'compile', 'step', 'eval', 'save', 'exit')
+PHASES = ('prepare', 'data', 'compile', 'step', 'eval', 'save', 'exit')
 ACTIONS = ('SIGTERM', 'SIGINT', 'SIGKILL', 'stall', 'sleepN')
 
 

@@ -300,6 +300,14 @@ class Checkpointer:
       return
     _OPEN.discard(self)
     try:
+      # Orbax's close does not wait for the clean-up of temporary folders
+      # that the manager starts when made: a run stopped a moment after
+      # (a signal while it starts) left it failing at interpreter exit
+      # with a traceback.
+      cleanup = getattr(self.manager, '_maybe_await_cleanup_tmp_directory',
+                        None)
+      if cleanup is not None:
+        cleanup()
       self.manager.close()
     except Exception:  # pylint: disable=broad-except
       logging.info('Closing the checkpoint manager after a failed save.')

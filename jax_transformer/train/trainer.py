@@ -76,13 +76,17 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints,
                                          read_base=pretrained.frozen_base)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
+  # From here a stop signal stops the run: at once until its state is made
+  # (preemption.StoppedBeforeFirstStep), then after a step and a save.
+  stop = preemption.Preemption()
   try:
     run, compile_step = _start(cfg, workdir, mesh, checkpointer, writer,
-                               hooks)
+                               hooks, stop)
     run_steps(run, compile_step)
   finally:
     # Every exit path (finished, stopped, refused, failed): no save or
     # thread of this run outlives it.
+    stop.restore()
     checkpointer.close()
     writer.close()
   if watchdog:  # not on an error: the others must see this process go
@@ -94,11 +98,13 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
 
 def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
            checkpointer: checkpoint.Checkpointer,
-           writer: metrics.MetricWriter, extra_hooks: Sequence[Any]):
-  """The run up to its first step: data prepared, tokenizer and side files
-  in the workdir, the state restored or made (sharded), the hooks; and
-  compile_step(run, batch) -> the compiled train step."""
+           writer: metrics.MetricWriter, extra_hooks: Sequence[Any],
+           stop: preemption.Preemption):
+  """The run up to its first step: data prepared and measured, tokenizer
+  and side files in the workdir, the state restored or made (sharded), the
+  hooks; and compile_step(run, batch) -> the compiled train step."""
   clock = goodput.Clock()  # start-up until the loop
+  faults.reached('prepare', 0)
   prepared = prepare_data(cfg)
   start = pretrained.start(cfg, checkpointer.latest_step() is not None)
   tokenizer = checkpoint.run_tokenizer(
@@ -113,6 +119,10 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   footprint = memory.estimate(cfg, setup.model_config, abstract_state,
                               shardings, mesh)
   log(memory.preflight(footprint, budget))
+  # Before the side files: a refused run leaves no config.json that a
+  # rerun with longer rows would have to match.
+  check_data(cfg, tokenizer)
+  stop.check()
   check_workdir(workdir.root, _state_bytes(abstract_state),
                 'workdir has space')
   distributed.barrier('workdir read')  # nobody reads tokenizer/ while
@@ -135,8 +145,10 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
             state, step=int(jax.device_get(state['step'])))
   eval_step = steps.traced_under(
       mesh, steps.jit_eval_step(cfg, setup, mesh, shardings))
-  run.hooks = Hooks(make_hooks(run, checkpointer, eval_step, extra_hooks),
-                    clock)
+  run.hooks = Hooks(make_hooks(run, checkpointer, eval_step, extra_hooks,
+                               stop), clock)
+  stop.check()
+  stop.at_once = None  # the state is made: a signal now saves, then stops
   train_step = steps.jit_train_step(cfg, setup, mesh, shardings)
   return run, lambda run, batch: _compile(
       run, train_step, batch,
@@ -144,17 +156,21 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
 
 
 def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
-               eval_step, extra: Sequence[Any] = ()) -> list:
-  """The run's hooks, in the order they act at each moment: rows (with
-  the evaluation and time parts), the extra ones, the finite check,
-  stopping, then saving (so a stop any of them asks for is saved); the
-  clock last, so that its rows and summary hold the others' time."""
+               eval_step, extra: Sequence[Any] = (),
+               stop: preemption.Preemption | None = None) -> list:
+  """The run's hooks, in the order they act at each moment: the end of
+  the first batch's wait first (a stop then waits for its step), rows
+  (with the evaluation and time parts), the extra ones, the finite check,
+  stopping (``stop``, made here unless given), then saving (so a stop any
+  of them asks for is saved); the clock last, so that its rows and summary
+  hold the others' time."""
   cfg = run.cfg
-  stop = preemption.Preemption()
+  stop = stop or preemption.Preemption(at_once=None)
   # Ends this process if nothing progresses for config.step_timeout_s.
   watch = stall.StallWatch(cfg.get('step_timeout_s'),
                            os.fspath(run.workdir.checkpoints))
   return [
+      preemption.FirstBatchRead(stop),
       faults.FaultPoints(),
       profiling.Profiler(cfg, run.workdir, run.main),
       progress.ProgressBar(run.step, cfg.num_steps, run.main),
@@ -276,6 +292,21 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
     raise RuntimeError(f'Process 0 could not prepare the dataset ({outcome}),'
                        f' so process {jax.process_index()} stops too.')
   return prepare()
+
+
+def check_data(cfg: ml_collections.ConfigDict, tokenizer) -> None:
+  """The data pre-flight (data/preflight.py): a line per training source
+  (examples kept, cut and dropped at the run's rows, loss tokens per
+  batch), a warning where many are cut or dropped, and a refusal in one
+  sentence where nothing would train, before the model is built."""
+  reports = data.training_preflight(cfg, tokenizer)
+  for report in reports:
+    log(report.line())
+    warning = report.warning()
+    if warning:
+      log(warning)
+  for report in reports:
+    report.check()
 
 
 def check_workdir(root, need_bytes: int, name: str) -> None:
