@@ -36,7 +36,11 @@ scripts/generate.py decodes with it, and train.py with the same config and
 flags (printed at the end) fine-tunes it from that step.
 
 Bad input (a missing --from path or config, a non-empty --workdir, a file
-that does not fit the config) is one sentence on stderr and exit code 2.
+that does not fit the config) is one sentence on stderr and exit code 2,
+before anything is written. The workdir is written under a temporary name
+beside it and renamed at the end (in gs://, written in place and removed
+on failure): a refusal or failure leaves it as it was, and the same
+command, fixed, runs again.
 """
 
 from __future__ import annotations

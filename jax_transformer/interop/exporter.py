@@ -52,6 +52,7 @@ from jax_transformer.model import lora
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
+from jax_transformer.runtime import storage
 from jax_transformer.train import restore
 from jax_transformer.train.restore import Trained
 
@@ -127,8 +128,17 @@ def write(trained: Trained, fmt: str, out: str) -> list[str]:
   folder = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(folder):
     raise UsageError(f'--out {out}: the folder {folder} does not exist.')
-  # hf streams the parameters itself, a layer at a time (hf_export).
-  return _WRITERS[fmt](trained if fmt == 'hf' else on_host(trained), out)
+  # hf streams the parameters itself, a layer at a time (hf_export), and
+  # writes its folder whole or not at all.
+  if fmt == 'hf':
+    return _write_hf(trained, out)
+  trained = on_host(trained)
+  # OUT, its .json and .tokenizer/ are written aside and moved into place
+  # together at the end: a failure leaves the folder as it was.
+  with storage.written_whole(folder) as partial:
+    notes = _WRITERS[fmt](trained, os.path.join(partial,
+                                                os.path.basename(out)))
+  return notes
 
 
 def write_lora_adapter(workdir: str, step: int | None, out: str

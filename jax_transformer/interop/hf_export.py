@@ -31,6 +31,7 @@ from jax_transformer.interop import hf_tokenizer
 from jax_transformer.model import hf_families
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.runtime import storage
 
 HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
 HF_INDEX = HF_WEIGHTS + '.index.json'
@@ -127,21 +128,28 @@ def write_folder(config: ModelConfig, params: Mapping[str, Any], tokenizer,
   """Writes the Hugging Face folder ``out``; returns notes (one line each).
   """
   chosen = check_fits(config, family)
-  os.makedirs(out, exist_ok=True)
-  for name in os.listdir(out):  # an earlier export's shards would mix in
-    if name.startswith('model') and name.endswith(('.safetensors', '.json')):
-      os.remove(os.path.join(out, name))
-  with open(os.path.join(out, HF_CONFIG), 'w') as f:
-    json.dump(hf_config(config, tokenizer, chosen.name), f, indent=2,
-              sort_keys=True)
-  write_weights(config, params, out, chosen, max_shard_bytes)
-  converted = hf_tokenizer.to_huggingface(tokenizer)
-  if converted is None:
-    return [f'The {tokenizer.kind} tokenizer has no transformers form here, '
-            f'so {out} holds the model only (the workdir\'s tokenizer/ has '
-            'it for the sentencepiece library).']
-  hf_tokenizer.save_pretrained(converted, out)
-  return []
+  notes = []
+  # Written aside and moved into out at the end: a failure leaves out as
+  # it was (storage.written_whole).
+  with storage.written_whole(out) as partial:
+    partial = os.fspath(partial)
+    with open(os.path.join(partial, HF_CONFIG), 'w') as f:
+      json.dump(hf_config(config, tokenizer, chosen.name), f, indent=2,
+                sort_keys=True)
+    write_weights(config, params, partial, chosen, max_shard_bytes)
+    converted = hf_tokenizer.to_huggingface(tokenizer)
+    if converted is None:
+      notes.append(f'The {tokenizer.kind} tokenizer has no transformers form '
+                   f'here, so {out} holds the model only (the workdir\'s '
+                   'tokenizer/ has it for the sentencepiece library).')
+    else:
+      hf_tokenizer.save_pretrained(converted, partial)
+    for name in os.listdir(out) if os.path.isdir(out) else ():
+      # An earlier export's shards would mix in with these.
+      if name.startswith('model') and name.endswith(('.safetensors',
+                                                     '.json')):
+        os.remove(os.path.join(out, name))
+  return notes
 
 
 # ----------------------------------------------------------------------------
@@ -242,11 +250,11 @@ def write_adapter(config: ModelConfig, params: Mapping[str, Any], lora_def,
       'alpha_pattern': {m: alpha * k / lora_def.rank
                         for m, k in ranks.items()},
   }
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, ADAPTER_CONFIG), 'w') as f:
-    json.dump(config_json, f, indent=2, sort_keys=True)
-  save_file(tensors, os.path.join(out, ADAPTER_WEIGHTS),
-            metadata={'format': 'pt'})
+  with storage.written_whole(out) as partial:
+    with open(os.path.join(partial, ADAPTER_CONFIG), 'w') as f:
+      json.dump(config_json, f, indent=2, sort_keys=True)
+    save_file(tensors, os.path.join(partial, ADAPTER_WEIGHTS),
+              metadata={'format': 'pt'})
   return []
 
 

@@ -34,10 +34,11 @@ config's own (built as train.py builds it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import ml_collections
@@ -62,6 +63,9 @@ from jax_transformer.interop.exporter import (
 from jax_transformer.model import params as params_lib
 from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.storage import names
+from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import (
   checkpoint,
   checks,
@@ -265,16 +269,23 @@ def config_tokenizer(cfg: ml_collections.ConfigDict, path: str):
         f'cannot give one: {first_line(e)}') from None
 
 
-def write_workdir(workdir: str, cfg: ml_collections.ConfigDict, tokenizer,
-                  params, step: int) -> None:
+def write_workdir(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+                  tokenizer, params, step: int) -> None:
   """A checkpoint at ``step`` of ``params`` with a fresh optimizer state and
   an unread data position, plus config.json and tokenizer/."""
   try:
     setup = experiment.setup(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
-  state = setup.state_for(params, cfg.seed, step)
   data_state = data.initial_state(cfg)
+  save(workdir, cfg, tokenizer, setup.state_for(params, cfg.seed, step),
+       data_state)
+
+
+def save(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+         tokenizer, state, data_state) -> None:
+  """config.json, tokenizer/ and a checkpoint of state: the last step of
+  an import, after everything that can be refused."""
   checkpoint.save_side_files(workdir, cfg, tokenizer)
   checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
   try:
@@ -282,6 +293,25 @@ def write_workdir(workdir: str, cfg: ml_collections.ConfigDict, tokenizer,
     checkpointer.wait()
   finally:
     checkpointer.close()
+
+
+def new_workdir(workdir: str) -> WorkdirPaths:
+  """--workdir resolved, refused in one sentence unless it is new or an
+  empty folder."""
+  paths = resolve(workdir)
+  if names(paths.root):
+    raise UsageError(f'--workdir {workdir} is not empty; import into a new '
+                     'directory.')
+  return paths
+
+
+@contextlib.contextmanager
+def staged(workdir: WorkdirPaths) -> Iterator[WorkdirPaths]:
+  """Where to write the workdir so that it appears whole or not at all
+  (``storage.written_whole``): a refusal or failure leaves it as it was,
+  and the same command can run again."""
+  with storage.written_whole(workdir.root) as root:
+    yield WorkdirPaths(workdir.given, root)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,19 +331,18 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
   field (:func:`import_hf`); ``explicit`` names the ``model.*`` fields
   given on the command line, refused where they differ.
   """
-  if os.path.exists(workdir) and os.listdir(workdir):
-    raise UsageError(f'--workdir {workdir} is not empty; import into a new '
-                     'directory.')
+  target = new_workdir(workdir)
   folder = pretrained.hf_folder(path)
   if folder is not None and any(
       os.path.exists(os.path.join(folder, name))
       for name in (HF_WEIGHTS, pretrained.HF_INDEX)):
-    return import_hf(folder, path, cfg, workdir, explicit)
+    return import_hf(folder, path, cfg, target, explicit)
   source = read_source(path)
   tokenizer = source.tokenizer or config_tokenizer(cfg, path)
   model_config, extra_flags = fit_config(cfg, source, tokenizer)
   params = build_params(source, model_config)
-  write_workdir(workdir, cfg, tokenizer, params, source.step)
+  with staged(target) as partial:
+    write_workdir(partial, cfg, tokenizer, params, source.step)
   notes = reserved_id_notes(tokenizer)
   return Imported(workdir, source.step, model_config, extra_flags, notes)
 
@@ -349,7 +378,8 @@ def local_mesh(setup) -> jax.sharding.Mesh:
 
 
 def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
-              workdir: str, explicit: set[str] = frozenset()) -> Imported:
+              workdir: str | WorkdirPaths,
+              explicit: set[str] = frozenset()) -> Imported:
   """A Hugging Face model into ``workdir``: every model field from its
   config.json (the config gives data and optimizer), its tokenizer, its
   tensors streamed onto this host's devices (``pretrained.place_tensors``)
@@ -364,19 +394,15 @@ def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
     setup = experiment.setup(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
+  data_state = data.initial_state(cfg)
   mesh = local_mesh(setup)
   shardings, _ = steps.state_shardings(setup, mesh,
                                        setup.abstract_state(cfg.seed))
   state = pretrained.Start(source, tokenizer).state(setup, cfg.seed,
                                                     shardings)
-  checkpoint.save_side_files(workdir, cfg, tokenizer)
-  checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
-  try:
-    checkpointer.save(state, data.initial_state(cfg))
-    checkpointer.wait()
-  finally:
-    checkpointer.close()
+  with staged(resolve(workdir)) as partial:
+    save(partial, cfg, tokenizer, state, data_state)
   notes = [f'{path} is a {source.what} model: every config.model field was '
            'taken from its config.json.', *reserved_id_notes(tokenizer)]
-  return Imported(workdir, 0, setup.model_config,
+  return Imported(str(workdir), 0, setup.model_config,
                   [f'--config.init_from={path}'], notes)

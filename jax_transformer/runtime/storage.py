@@ -6,15 +6,23 @@ tokenizer/, metrics.jsonl and the checkpoints in the bucket. Object storage
 needs its packages (for gs://: gcsfs or TensorFlow, and
 google-cloud-storage); without them a run is refused in one sentence before
 any work, never written to a local folder named ``gs:``.
+
+What a command writes appears whole or not at all (:func:`written_whole`):
+a local folder is written under a temporary name and moved into place at
+the end; in object storage, where a rename is a copy, it is written in
+place and what was written is removed if the command fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import uuid
+from typing import Iterable, Iterator
 
+from absl import logging
 from etils import epath
 
 from jax_transformer.errors import UsageError
@@ -141,3 +149,115 @@ def check_writable(workdir: epath.Path, need_bytes: int = 0,
           f'free, less than one checkpoint needs (about '
           f'{need_bytes / 2**30:.2f} GiB); free space or choose another '
           '--workdir.')
+
+
+def names(folder: str | os.PathLike) -> list[str] | None:
+  """The names in folder, or None where there is no such folder; a file
+  of that name is refused in one sentence."""
+  folder = epath.Path(folder)
+  if not folder.exists():
+    return None
+  if not folder.is_dir():
+    raise UsageError(f'{folder} is a file, not a folder; give a folder.')
+  return sorted(p.name for p in folder.iterdir())
+
+
+def remove(folder: str | os.PathLike, entries: Iterable[str],
+           folder_too: bool = False) -> None:
+  """Removes folder/NAME for each entry (a file, or a folder whole), then
+  the folder itself where folder_too and nothing else is in it. Cleaning
+  up after a failure: what cannot be removed is logged, never raised over
+  the failure being reported."""
+  folder = epath.Path(folder)
+  for name in entries:
+    entry = folder / name
+    try:
+      if entry.is_dir():
+        entry.rmtree()
+      elif entry.exists():
+        entry.unlink()
+    except OSError as err:
+      logging.warning('Could not remove %s: %s', entry, err)
+  if folder_too:
+    try:
+      if folder.exists() and not any(folder.iterdir()):
+        if is_remote(folder):
+          folder.rmtree()  # a folder marker object, if any
+        else:
+          folder.rmdir()
+    except OSError as err:
+      logging.warning('Could not remove %s: %s', folder, err)
+
+
+@contextlib.contextmanager
+def written_whole(target: str | os.PathLike) -> Iterator[epath.Path]:
+  """Where to write what a command adds to the folder ``target``, so that
+  a failure (an exception, Ctrl-C) leaves target as it was.
+
+  Local: a hidden temporary folder, beside target where target does not
+  exist yet (renamed to it at the end) and inside it where it does (its
+  entries are moved in at the end: a file replaces its namesake, a folder
+  is merged into its namesake). If the block raises, the temporary folder
+  and any parent folders made for it are removed. A process killed
+  outright leaves at most the temporary folder, never a half-written
+  target.
+
+  Object storage: target itself, a rename there being a copy of every
+  object; if the block raises, what it added to target is removed (target
+  too where it was not there before). A file it overwrote stays
+  overwritten, so give it a new or empty target.
+  """
+  target = epath.Path(target)
+  before = names(target)
+  if is_remote(target):
+    try:
+      yield target
+    except BaseException:
+      added = [n for n in (names(target) or []) if n not in (before or [])]
+      remove(target, added, folder_too=before is None)
+      raise
+    return
+  made = _missing_folders(target.parent) if before is None else []
+  tag = f'partial-{uuid.uuid4().hex[:12]}'
+  partial = (target.with_name(f'.{target.name}.{tag}') if before is None
+             else target / f'.{tag}')
+  partial.mkdir(parents=True)
+  try:
+    yield partial
+    if before is None:
+      os.rename(partial, target)
+    else:
+      _merge(partial, target)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    for folder in made:  # deepest first
+      try:
+        os.rmdir(folder)
+      except OSError:
+        break
+    raise
+
+
+def _missing_folders(folder: epath.Path) -> list[str]:
+  """folder and its ancestors that do not exist, deepest first."""
+  missing = []
+  folder = os.path.abspath(os.fspath(folder))
+  while not os.path.exists(folder):
+    missing.append(folder)
+    parent = os.path.dirname(folder)
+    if parent == folder:
+      break
+    folder = parent
+  return missing
+
+
+def _merge(source: epath.Path, target: epath.Path) -> None:
+  """Moves source's entries into target (a file replacing its namesake, a
+  folder merged into its namesake), then removes source."""
+  for entry in sorted(os.listdir(source)):
+    src, dst = os.path.join(source, entry), os.path.join(target, entry)
+    if os.path.isdir(src) and os.path.isdir(dst):
+      _merge(src, dst)
+    else:
+      os.replace(src, dst)
+  os.rmdir(source)

@@ -16,12 +16,20 @@ from typing import Any, Sequence
 
 import jax
 import ml_collections
+from absl import logging
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.model import sharding
 from jax_transformer.runtime import distributed, faults, stall, storage
-from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+from jax_transformer.runtime.workdir import (
+  CONFIG_FILE,
+  FINGERPRINT_FILE,
+  METRICS_FILE,
+  TOKENIZER_DIR,
+  WorkdirPaths,
+  resolve,
+)
 from jax_transformer.train import (
   checkpoint,
   checks,
@@ -70,6 +78,8 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   pretrained.resolve_config(cfg, workdir)  # config.init_from's model fields
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
+  # What the workdir held before this start (None: no such folder).
+  before = storage.names(workdir.root)
   # Ends this process with one line if another one is lost (liveness.py).
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(workdir.root, 0, 'workdir writable')
@@ -79,16 +89,20 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   # From here a stop signal stops the run: at once until its state is made
   # (preemption.StoppedBeforeFirstStep), then after a step and a save.
   stop = preemption.Preemption()
+  failed = True
   try:
     run, compile_step = _start(cfg, workdir, mesh, checkpointer, writer,
                                hooks, stop)
     run_steps(run, compile_step)
+    failed = False
   finally:
     # Every exit path (finished, stopped, refused, failed): no save or
     # thread of this run outlives it.
     stop.restore()
     checkpointer.close()
     writer.close()
+    if failed:
+      remove_failed_start(workdir, before)
   if watchdog:  # not on an error: the others must see this process go
     watchdog.stop()
   if run.stop is not None:
@@ -153,6 +167,38 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   return run, lambda run, batch: _compile(
       run, train_step, batch,
       lambda compiled: memory.after_compile(compiled, budget, footprint))
+
+
+def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
+                        ) -> None:
+  """After a run that stopped (refused, failed, signalled) before keeping
+  anything, neither a checkpoint nor a metrics row, removes what it added
+  to the workdir (the folder too where there was none), so that nothing
+  half-written remains: no config.json that a rerun with other model
+  fields would have to match. What the workdir held before stays. With
+  several processes, process 0 removes only the files it alone writes
+  (config.json, tokenizer/), the others possibly still in the folder."""
+  try:
+    now = storage.names(workdir.root)
+    if now is None:
+      return
+    steps_kept = storage.names(workdir.checkpoints) or []
+    if any(name.isdigit() for name in steps_kept):
+      return
+    added = [name for name in now if name not in (before or [])]
+    if METRICS_FILE in added:  # rows: the run got as far as steps
+      return
+    if jax.process_count() > 1:
+      if jax.process_index() != 0:
+        return
+      added = [name for name in added
+               if name in (CONFIG_FILE, TOKENIZER_DIR, FINGERPRINT_FILE)]
+    storage.remove(workdir.root, added,
+                   folder_too=before is None and jax.process_count() == 1)
+  except Exception as err:  # pylint: disable=broad-except
+    # Never in place of the failure being reported.
+    logging.warning('Could not remove what the failed start wrote to %s: '
+                    '%s', workdir, err)
 
 
 def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
