@@ -142,11 +142,16 @@ def test_train_status_stop_logs_on_a_worker(worker, tmp_path):
     with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
       f.write('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.5}\n')
 
-    out = worker('status')
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    deadline = time.time() + 30  # a loaded machine starts train.py late
+    while True:
+      out = worker('status')
+      assert out.returncode == 0, out.stderr
+      lines = out.stdout.splitlines()
+      if 'train.py running (pid' in lines[1] or time.time() > deadline:
+        break
+      time.sleep(0.5)
     assert lines[0] == 'ACTIVE'
-    assert 'train.py running (pid' in lines[1]
+    assert 'train.py running (pid' in lines[1], lines
     assert 'no exit status yet' in lines[1]
     assert lines[2] == (f'last metrics row ({workdir}): '
                         '{"step": 2, "loss": 8.5}')
