@@ -25,7 +25,7 @@ read -r -d '' RUN_ALIVE <<'EOF' || true
 running() {
   local p
   p=$(cat ~/train.pid 2>/dev/null) && [ -n "$p" ] &&
-    ps -o args= -p "$p" 2>/dev/null | grep -q train_until_done && echo "$p"
+    ps -ww -o args= -p "$p" 2>/dev/null | grep -q train_until_done && echo "$p"
 }
 EOF
 

@@ -203,7 +203,7 @@ if w=$(running); then
   what="restart loop between runs"
   for loop in $(pgrep -P "$w"); do
     for p in $(pgrep -P "$loop"); do
-      ps -o args= -p "$p" | grep -q 'train\.py' && what="train.py running (pid $p)"
+      ps -ww -o args= -p "$p" | grep -q 'train\.py' && what="train.py running (pid $p)"
     done
   done
 else

@@ -24,7 +24,7 @@
 # the loop ends with it instead of restarting; one that arrives while the
 # loop waits to restart ends the loop there.
 set -u
-stopping=
+stopping=0
 trap 'stopping=1' TERM INT
 max_restarts="${MAX_RESTARTS:-100}"
 delay="${RESTART_DELAY_S:-10}"
@@ -33,7 +33,7 @@ restarts=0
 while true; do
   python "$train_py" "$@"
   status=$?
-  if [ -n "$stopping" ]; then
+  if [ "$stopping" = 1 ]; then
     echo "train_until_done: stopped by a signal (train.py's status" \
       "$status); not restarting." >&2
     exit "$status"
@@ -60,9 +60,13 @@ while true; do
   fi
   echo "train_until_done: train.py exited with status $status; restart" \
     "$restarts of $max_restarts in $delay s." >&2
-  sleep "$delay" &
-  wait $! || kill $! 2>/dev/null  # a signal interrupts the wait
-  if [ -n "$stopping" ]; then
+  # A second at a time, so that a stop arriving at any moment of the wait
+  # (a signal interrupts `wait`) ends it within a second.
+  for ((waited = 0; waited < delay && ! stopping; waited++)); do
+    sleep 1 &
+    wait $! || kill $! 2>/dev/null
+  done
+  if [ "$stopping" = 1 ]; then
     echo "train_until_done: stopped by a signal while waiting to restart;" \
       "not restarting." >&2
     exit "$status"
