@@ -11,6 +11,7 @@ Clients find it through ``SLURM_CONF``, which ``Slurm.env`` carries.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import socket
@@ -33,6 +34,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
 MpiDefault=none
 JobRequeue=1
+FirstJobId={first_job}
 ReturnToService=2
 KillWait=60
 MinJobAge=600
@@ -65,6 +67,21 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _first_job_id() -> int:
+  """A first job id whose coordinator port is free: JAX's SLURM detection
+  puts the coordinator at SLURM_JOB_ID % 4096 + 61440, and job 1 of every
+  test cluster would take the same port."""
+  for _ in range(100):
+    port = random.randrange(61440, 65536 - 64)
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', port))
+      except OSError:
+        continue
+    return 4096 + port - 61440
+  return 1
+
+
 class Slurm:
   """The daemons of one cluster in ``root``; ``stop()`` ends them."""
 
@@ -76,7 +93,8 @@ class Slurm:
     self.conf = os.path.join(root, 'slurm.conf')
     with open(self.conf, 'w') as f:
       f.write(CONF.format(host=self.host, root=root, cpus=os.cpu_count(),
-                          ctld_port=_free_port(), d_port=_free_port()))
+                          ctld_port=_free_port(), d_port=_free_port(),
+                          first_job=_first_job_id()))
     self.env = dict(os.environ, SLURM_CONF=self.conf)
     key = os.path.join(root, 'munge.key')
     with open(key, 'wb') as f:
@@ -136,8 +154,14 @@ class Slurm:
                        f'{self.job(job)}')
 
   def hurry(self, job: str, fields: dict[str, str] | None = None) -> None:
-    """Starts a requeued job now rather than after its BeginTime."""
-    if (fields or self.job(job)).get('Reason') == 'BeginTime':
+    """Starts a requeued job now rather than after its BeginTime, once
+    its last start has been cleaned up (10 s after the requeue: started at
+    once, slurmd may still be ending the old batch step and refuses the
+    new one, "Job N already killed, do not launch batch job")."""
+    fields = fields or self.job(job)
+    requeued = time.mktime(time.strptime(fields['SubmitTime'],
+                                         '%Y-%m-%dT%H:%M:%S'))
+    if fields.get('Reason') == 'BeginTime' and time.time() - requeued > 10:
       subprocess.run(['scontrol', 'update', f'JobId={job}', 'StartTime=now'],
                      env=self.env, check=False, capture_output=True)
 

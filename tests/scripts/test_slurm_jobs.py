@@ -20,7 +20,8 @@ import slurm_cluster
 from jax_transformer import data
 from jax_transformer.runtime import faults
 
-pytestmark = pytest.mark.slow
+# One worker runs them all, on one cluster (pyproject's --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('slurm')]
 
 SBATCH = os.path.join('scripts', 'launch', 'slurm_train.sbatch')
 
