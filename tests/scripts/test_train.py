@@ -223,12 +223,13 @@ def test_trained_checkpoint_decodes_through_the_cli(tmp_path, data_dir,
 
 
 # Every line a resume may print, as train.py prints it: the sharding table,
-# the memory lines, progress, our resume and damage lines. Nothing else
-# (Orbax, absl, warnings) is allowed.
+# the memory lines, the data pre-flight line, progress, our resume and
+# damage lines. Nothing else (Orbax, absl, warnings) is allowed.
 OUR_LINES = [r'Job: \d+ process', r'parameter +shape +logical axes',
              r'[\w.]+ +\(\d+(, \d+)*,?\) ',
              r'mesh \{.*\}: [\d,]+ parameter bytes per device$',
-             r'Memory per device[ ,]', r'Resumed from step \d+ in .+\.$',
+             r'Memory per device[ ,]', r'Data( \S+)? \(\w+\): ',
+             r'Resumed from step \d+ in .+\.$',
              r'Compiled the train step in [\d.]+ s\.$',
              r'step \d+: train loss [\d.]+, eval loss ',
              r'Time: [\d.]+ s wall, goodput [\d.]+% \(start-up ',
