@@ -129,13 +129,26 @@ def lm_example(ids: Sequence[int], bos: int = BOS_ID, eos: int = EOS_ID
 
 def instruction_example(prompt_ids: Sequence[int],
                         completion_ids: Sequence[int], bos: int = BOS_ID,
-                        eos: int = EOS_ID) -> dict[str, np.ndarray]:
+                        eos: int = EOS_ID, last_only: bool = False
+                        ) -> dict[str, np.ndarray]:
   """[BOS]+prompt+completion -> prompt+completion+[EOS], with loss_mask 1
-  on the completion's targets and its EOS only (P + C + 1 each)."""
+  on the completion's targets and its EOS only (P + C + 1 each).
+
+  A chat record's completion (``data/chat.py``) also holds the context
+  between its assistant turns, each id that does not train stored as
+  -(id + 1): those targets get loss_mask 0. last_only: only the last run
+  of trained targets (the last assistant turn and the EOS) keeps 1."""
   prompt, completion = _ids(prompt_ids), _ids(completion_ids)
+  context = completion < 0
+  if context.any():
+    completion = np.where(context, -completion - 1, completion)
   ids = np.concatenate([prompt, completion])
   mask = np.zeros(len(ids) + 1, np.int32)
   mask[len(prompt):] = 1
+  if context.any():
+    mask[len(prompt):-1][context] = 0
+    if last_only:
+      mask[:len(prompt) + int(np.flatnonzero(context)[-1]) + 1] = 0
   return {'inputs': _framed(bos, ids, None),
           'targets': _framed(None, ids, eos), 'loss_mask': mask}
 

@@ -13,10 +13,10 @@
 * instruction data (JSON lines, ``data.direction='prompt-completion'``):
   ``{"prompt": ..., "completion": ...}`` per line, or chat messages
   ``{"messages": [{"role": "user", "content": ...}, ...,
-  {"role": "assistant", "content": ...}]}`` rendered with :data:`CHAT`'s
-  template (every message but the last as the prompt, ending with the
-  assistant's header; the last, an assistant's, as the completion). A
-  decoder LM trains on the completion tokens only (``data.pipeline``,
+  {"role": "assistant", "content": ...}]}`` kept as messages and rendered
+  when tokenized, with the tokenizer's own chat template or the fixed one
+  (``data/chat.py``), every assistant message training. A decoder LM
+  trains on the completion tokens only (``data.pipeline``,
   ``batching.instruction_example``);
 
 each optionally compressed (``.gz``, ``.zst``). They are written once into
@@ -56,6 +56,7 @@ import tensorflow_datasets as tfds
 import zstandard
 from etils import epath
 
+from jax_transformer.data import chat
 from jax_transformer.errors import UsageError
 
 NAME = 'files'
@@ -70,11 +71,6 @@ _GLOB_CHARS = '*?['
 # data.pipeline as a decoder LM's prompt and completion).
 INSTRUCTION_KEYS = ('prompt', 'completion')
 INSTRUCTION_DIRECTION = '-'.join(INSTRUCTION_KEYS)
-# The chat template: each message as CHAT.format(role=..., content=...);
-# the prompt ends with the assistant's header, CHAT_REPLY.
-CHAT = '<|{role}|>\n{content}\n'
-CHAT_REPLY = '<|assistant|>\n'
-CHAT_ROLES = ('system', 'user', 'assistant')
 
 
 def expand(patterns: str, field: str) -> list[str]:
@@ -153,6 +149,8 @@ def fingerprint(task: str, keys: Sequence[str], train: Sequence[str],
   digest = hashlib.sha256()
   digest.update(json.dumps([task, list(keys), eval_fraction if not evaluation
                             else None]).encode())
+  if is_instruction(keys):  # chats kept as messages since (data/chat.py)
+    digest.update(b'chat messages')
   for part, paths in (('train', train), ('eval', evaluation)):
     digest.update(part.encode())
     for path in paths:
@@ -258,22 +256,11 @@ def is_instruction(keys: Sequence[str]) -> bool:
 
 
 def render_chat(messages: Any, where: str) -> dict[str, str]:
-  """{'prompt', 'completion'} of chat messages (see the module doc), or
-  UsageError naming the record."""
-  if not isinstance(messages, list) or not messages:
-    raise UsageError(f'{where}: "messages" must be a non-empty list of '
-                     '{"role": ..., "content": ...} objects.')
-  for m in messages:
-    if (not isinstance(m, dict) or m.get('role') not in CHAT_ROLES
-        or not isinstance(m.get('content'), str)):
-      raise UsageError(f'{where}: a message must be {{"role": one of '
-                       f'{", ".join(CHAT_ROLES)}, "content": a string}}, got '
-                       f'{json.dumps(m)[:80]}.')
-  if messages[-1]['role'] != 'assistant':
-    raise UsageError(f'{where}: the last message must be the assistant\'s '
-                     '(the completion that trains).')
-  prompt = ''.join(CHAT.format(**m) for m in messages[:-1]) + CHAT_REPLY
-  return {'prompt': prompt, 'completion': messages[-1]['content']}
+  """{'prompt', 'completion'} of a chat record as prepared: the prompt
+  holds its messages (``chat.stored_text``, checked), rendered with the
+  tokenizer's chat template (or the fixed one) when tokenized
+  (``data/chat.py``); UsageError naming the record."""
+  return {'prompt': chat.stored_text(messages, where), 'completion': ''}
 
 
 def _texts(record: Any, keys: Sequence[str], where: str) -> dict[str, str]:

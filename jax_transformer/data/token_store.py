@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from jax_transformer.data import chat
 from jax_transformer.data.tokenizers import Tokenizer, as_text
 
 MANIFEST = 'manifest.json'
@@ -217,10 +218,18 @@ def _tokenize_range(source, tokenizer: Tokenizer, features: Sequence[str],
   examples start..stop."""
   examples = _read(source, range(start, stop))
   out, text_bytes = {}, 0
-  for feature in features:
+  chats = {}
+  if tuple(features) == chat.FEATURES:  # instruction data: chats rendered
+    for j, ex in enumerate(examples):
+      text = as_text(ex[features[0]])
+      if chat.is_stored(text):
+        chats[j] = chat.stored_ids(tokenizer, text,
+                                   f'record {start + j + 1} of the split')
+  for k, feature in enumerate(features):
     texts = [as_text(ex[feature]) for ex in examples]
     text_bytes += sum(len(t.encode('utf-8')) for t in texts)
-    ids = [tokenizer.encode(t) for t in texts]
+    ids = [chats[j][k] if j in chats else tokenizer.encode(t)
+           for j, t in enumerate(texts)]
     lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
     flat = np.fromiter((t for x in ids for t in x), np.int32,
                        int(lengths.sum()))

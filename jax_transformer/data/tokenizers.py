@@ -62,6 +62,7 @@ _SPM_FILE = 'spm.model'
 _HF_FILE = 'hf_tokenizer.json'
 # transformers' tokenizer settings (written by interop.hf_tokenizer).
 HF_CONFIG_FILE = 'tokenizer_config.json'
+CHAT_TEMPLATE_FILE = 'chat_template.jinja'
 
 
 def as_text(value: Any) -> str:
@@ -260,9 +261,13 @@ class HuggingFaceTokenizer:
   kind = 'huggingface'
 
   def __init__(self, tokenizer_json: str,
-               special_tokens: Mapping[str, str | None] | None = None):
+               special_tokens: Mapping[str, str | None] | None = None,
+               chat_template: str | None = None):
     self._json = tokenizer_json
     self._tok = _Backend.from_str(tokenizer_json)
+    # The checkpoint's chat template (a Jinja text), which renders chat
+    # data (data/chat.py) and is exported again; None: the fixed one.
+    self.chat_template = chat_template or None
     special_tokens = special_tokens or {}
     self.special_tokens = {k: special_tokens.get(k) for k in _HF_SPECIALS}
     for name, token in self.special_tokens.items():
@@ -286,7 +291,7 @@ class HuggingFaceTokenizer:
         continue
       with open(path, encoding='utf-8') as f:
         specials.update(_named_specials(json.load(f)))
-    return cls(text, specials)
+    return cls(text, specials, chat_template_in(directory))
 
   def _special_id(self, name: str) -> int | None:
     token = self.special_tokens[name]
@@ -304,6 +309,15 @@ class HuggingFaceTokenizer:
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
 
+  def id_to_token(self, i: int) -> str | None:
+    return self._tok.id_to_token(i)
+
+  def special_ids(self) -> list[int]:
+    """The ids of its special tokens (the turn markers of a chat template
+    among them)."""
+    return sorted(i for i, t in self._tok.get_added_tokens_decoder().items()
+                  if t.special)
+
   def decode(self, ids: Iterable[int]) -> str:
     n = self.vocab_size
     return self._tok.decode([int(i) for i in ids if 0 <= int(i) < n],
@@ -313,7 +327,9 @@ class HuggingFaceTokenizer:
     _write_config(directory, {
         'kind': self.kind, 'model_file': _HF_FILE,
         'vocab_size': self.vocab_size, 'special_tokens': self.special_tokens,
-        **{f'{k}_id': self._special_id(k) for k in _HF_SPECIALS}})
+        **{f'{k}_id': self._special_id(k) for k in _HF_SPECIALS},
+        **({'chat_template': self.chat_template} if self.chat_template
+           else {})})
     (epath.Path(directory) / _HF_FILE).write_text(self._json,
                                                  encoding='utf-8')
 
@@ -323,10 +339,14 @@ class HuggingFaceTokenizer:
     return self._json
 
   def __getstate__(self):
-    return {'json': self._json, 'special_tokens': self.special_tokens}
+    state = {'json': self._json, 'special_tokens': self.special_tokens}
+    if self.chat_template:  # absent otherwise: fingerprints unchanged
+      state['chat_template'] = self.chat_template
+    return state
 
   def __setstate__(self, state):
-    self.__init__(state['json'], state['special_tokens'])
+    self.__init__(state['json'], state['special_tokens'],
+                  state.get('chat_template'))
 
   def __repr__(self) -> str:
     return f'HuggingFaceTokenizer(vocab_size={self.vocab_size})'
@@ -348,7 +368,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   if config['kind'] == HuggingFaceTokenizer.kind:
     return HuggingFaceTokenizer(
         (directory / config['model_file']).read_text(encoding='utf-8'),
-        config['special_tokens'])
+        config['special_tokens'], config.get('chat_template'))
   raise UsageError(f"Unknown tokenizer kind {config['kind']!r} in {path}")
 
 
@@ -454,7 +474,9 @@ def _hf_with_specials(path: epath.Path, refuse) -> HuggingFaceTokenizer:
                  'tokenizer.json')
   specials.setdefault('bos', specials['eos'])  # GPT-2: <|endoftext|>
   try:
-    return HuggingFaceTokenizer(text, specials)
+    return HuggingFaceTokenizer(
+        text, specials,
+        chat_template_in(path.parent) if path.name == _CONFIG_FILE else None)
   except UsageError as e:  # a named special token not in the vocabulary
     raise refuse(str(e).rstrip('.')) from None
 
@@ -499,6 +521,27 @@ __all__: Sequence[str] = (
     'PAD_ID', 'BOS_ID', 'EOS_ID', 'UNK_ID', 'NUM_RESERVED', 'Tokenizer',
     'ByteTokenizer', 'SentencePieceTokenizer', 'HuggingFaceTokenizer',
     'from_path', 'load_tokenizer', 'make_tokenizer')
+
+
+def chat_template_in(directory: str | os.PathLike) -> str | None:
+  """The chat template a transformers tokenizer folder holds
+  (``chat_template.jinja``, else ``tokenizer_config.json``'s
+  ``chat_template``: a text, or a list of named ones whose 'default' is
+  taken); None where it has none."""
+  folder = epath.Path(directory)
+  jinja = folder / CHAT_TEMPLATE_FILE
+  if jinja.exists():
+    return jinja.read_text(encoding='utf-8') or None
+  config = folder / HF_CONFIG_FILE
+  if not config.exists():
+    return None
+  template = json.loads(config.read_text(encoding='utf-8')).get(
+      'chat_template')
+  if isinstance(template, list):
+    named = {t.get('name'): t.get('template') for t in template
+             if isinstance(t, dict)}
+    template = named.get('default')
+  return template if isinstance(template, str) and template else None
 
 
 def _named_specials(config: dict) -> dict[str, str]:

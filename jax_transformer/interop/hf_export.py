@@ -124,9 +124,12 @@ def write_weights(config: ModelConfig, params: Mapping[str, Any], out: str,
 
 def write_folder(config: ModelConfig, params: Mapping[str, Any], tokenizer,
                  out: str, family: str | None = None,
-                 max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+                 max_shard_bytes: int = MAX_SHARD_BYTES,
+                 add_bos: bool = True) -> list[str]:
   """Writes the Hugging Face folder ``out``; returns notes (one line each).
-  """
+  The tokenizer comes with its chat template and generation_config.json
+  (``hf_tokenizer.save_pretrained``; add_bos: it puts BOS first, as rows
+  of examples and instructions began)."""
   chosen = check_fits(config, family)
   notes = []
   # Written aside and moved into out at the end: a failure leaves out as
@@ -143,7 +146,8 @@ def write_folder(config: ModelConfig, params: Mapping[str, Any], tokenizer,
                    f'here, so {out} holds the model only (the workdir\'s '
                    'tokenizer/ has it for the sentencepiece library).')
     else:
-      hf_tokenizer.save_pretrained(converted, partial)
+      hf_tokenizer.save_pretrained(converted, partial, add_bos=add_bos,
+                                   trained=tokenizer)
     for name in os.listdir(out) if os.path.isdir(out) else ():
       # An earlier export's shards would mix in with these.
       if name.startswith('model') and name.endswith(('.safetensors',

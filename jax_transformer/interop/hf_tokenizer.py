@@ -15,32 +15,104 @@ import os
 from tokenizers import Tokenizer as _Backend
 from tokenizers import decoders, models, pre_tokenizers
 
+from jax_transformer.data import batching, chat
 from jax_transformer.data.tokenizers import (
+  CHAT_TEMPLATE_FILE,
   HF_CONFIG_FILE,
   ByteTokenizer,
   HuggingFaceTokenizer,
   Tokenizer,
 )
+from jax_transformer.errors import UsageError
 from jax_transformer.reserved_ids import BOS_ID, EOS_ID, NUM_RESERVED, PAD_ID
 
 # The reserved ids as the special tokens of a converted byte tokenizer.
 _SPECIAL_TOKENS = {'pad': '<pad>', 'bos': '<s>', 'eos': '</s>', 'unk': '<unk>'}
 
 
+# The fixed chat template (data/chat.py) for transformers: what training
+# rendered for a tokenizer without a chat template of its own.
+FIXED_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}"
+    "<|assistant|>\n{{ m['content'] }}{{ eos_token }}{% else %}"
+    "<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+GENERATION_CONFIG = 'generation_config.json'
+
+
+def _with_bos(tokenizer_json: str, bos: str, bos_id: int) -> str:
+  """tokenizer.json whose post-processor puts BOS first, as every row of
+  training began (``tokenizer(text)`` then gives [BOS] + ids)."""
+  spec = json.loads(tokenizer_json)
+  spec['post_processor'] = {
+      'type': 'TemplateProcessing',
+      'single': [{'SpecialToken': {'id': bos, 'type_id': 0}},
+                 {'Sequence': {'id': 'A', 'type_id': 0}}],
+      'pair': [{'SpecialToken': {'id': bos, 'type_id': 0}},
+               {'Sequence': {'id': 'A', 'type_id': 0}},
+               {'Sequence': {'id': 'B', 'type_id': 1}}],
+      'special_tokens': {bos: {'id': bos, 'ids': [bos_id], 'tokens': [bos]}}}
+  return json.dumps(spec, ensure_ascii=False)
+
+
+def chat_template_for_export(tokenizer: HuggingFaceTokenizer) -> str:
+  """The chat template that renders what training rendered: the
+  tokenizer's own, with ``{{ bos_token }}`` first where it does not begin
+  with the BOS that every row began with; else the fixed one."""
+  template = tokenizer.chat_template
+  if not template:
+    return FIXED_CHAT_TEMPLATE
+  bos = tokenizer.id_to_token(batching.markers(tokenizer)[0])
+  probe = [{'role': 'user', 'content': 'x'}]
+  try:
+    starts = chat.render_template(tokenizer, probe, True).startswith(bos)
+  except UsageError:
+    starts = True  # a template that needs more than one user message
+  return template if starts else '{{ bos_token }}' + template
+
+
+def generation_config(tokenizer: Tokenizer) -> dict:
+  """generation_config.json: the BOS rows began with, the EOS (and a chat
+  template's end-of-turn tokens) decoding stops at, the pad."""
+  bos, eos = batching.markers(tokenizer)
+  stops = [eos, *(i for i in chat.end_of_turn_ids(tokenizer) if i != eos)]
+  pad = getattr(tokenizer, 'pad_id', None)
+  return {'_from_model_config': False, 'bos_token_id': bos,
+          'eos_token_id': stops if len(stops) > 1 else eos,
+          'pad_token_id': eos if pad is None else pad}
+
+
 def save_pretrained(tokenizer: HuggingFaceTokenizer,
-                    directory: str | os.PathLike) -> None:
-  """tokenizer.json and tokenizer_config.json, which transformers'
-  ``AutoTokenizer.from_pretrained(directory)`` reads (and
-  ``HuggingFaceTokenizer.from_pretrained`` too)."""
+                    directory: str | os.PathLike, add_bos: bool = True,
+                    trained: Tokenizer | None = None) -> None:
+  """tokenizer.json, tokenizer_config.json, chat_template.jinja and
+  generation_config.json, which transformers' ``from_pretrained(directory)``
+  reads (and ``HuggingFaceTokenizer.from_pretrained`` too). add_bos: the
+  tokenizer puts the BOS first, as training did (rows of examples and
+  instructions; a stream LM's windows had none). trained: the tokenizer
+  training used, where ``tokenizer`` is its conversion (bytes)."""
   os.makedirs(directory, exist_ok=True)
+  trained = trained or tokenizer
+  bos_id, _ = batching.markers(trained)
+  specials = dict(tokenizer.special_tokens)
+  specials['bos'] = tokenizer.id_to_token(bos_id)
+  text = tokenizer.tokenizer_json
+  if add_bos:
+    text = _with_bos(text, specials['bos'], bos_id)
   with open(os.path.join(directory, 'tokenizer.json'), 'w',
             encoding='utf-8') as f:
-    f.write(tokenizer.tokenizer_json)
+    f.write(text)
   config = {'tokenizer_class': 'PreTrainedTokenizerFast',
-            **{f'{k}_token': v for k, v in tokenizer.special_tokens.items()
+            **{f'{k}_token': v for k, v in specials.items()
                if v is not None}}
   with open(os.path.join(directory, HF_CONFIG_FILE), 'w') as f:
     json.dump(config, f, indent=2, sort_keys=True)
+    f.write('\n')
+  with open(os.path.join(directory, CHAT_TEMPLATE_FILE), 'w',
+            encoding='utf-8') as f:
+    f.write(chat_template_for_export(tokenizer))
+  with open(os.path.join(directory, GENERATION_CONFIG), 'w') as f:
+    json.dump(generation_config(trained), f, indent=2, sort_keys=True)
     f.write('\n')
 
 

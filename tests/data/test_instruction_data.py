@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jax_transformer import data
-from jax_transformer.data import batching, files
+from jax_transformer.data import batching, chat, files
 from jax_transformer.errors import UsageError
 from jax_transformer.train import steps
 
@@ -71,13 +71,22 @@ def test_completions_alone_carry_loss_weight(tmp_path, records):
       completion = tok.decode(list(kept[:-1]))
       prompt = tok.decode(list(b['targets'][row][real & (
           b['loss_mask'][row] == 0)]))
-      expected = [(files.render_chat(r['messages'], '') if 'messages' in r
+      expected = [(fixed_template(r['messages']) if 'messages' in r
                    else r) for r in records]
       assert {'prompt': prompt, 'completion': completion} in expected
   # steps.forward's weights are the mask on real tokens.
   weights = forward_weights(b)
   np.testing.assert_array_equal(
       weights, (b['segment_ids'] > 0) & (b['loss_mask'] > 0))
+
+
+def fixed_template(messages):
+  """{'prompt', 'completion'} text of a one-reply chat in the fixed
+  template (data/chat.py)."""
+  prompt = ''.join(f'<|{m["role"]}|>\n{m["content"]}\n'
+                   for m in messages[:-1])
+  return {'prompt': prompt + '<|assistant|>\n',
+          'completion': messages[-1]['content']}
 
 
 def pipeline_is_instruction(spec):
@@ -93,20 +102,21 @@ def forward_weights(b):
   return np.asarray(steps.forward(Stub(), batch, True)[2])
 
 
-def test_chat_template_is_documented_and_bad_chats_are_one_sentence():
-  rendered = files.render_chat(CHATS[3]['messages'], 'x')
-  assert rendered == {
-      'prompt': '<|system|>\nBe brief.\n<|user|>\nSay 3.\n<|assistant|>\n',
-      'completion': '3!'}
-  for messages, match in (
-      ([], 'non-empty list'),
-      ([{'role': 'user', 'content': 'hi'}], "last message must be the "
-       "assistant's"),
-      ([{'role': 'robot', 'content': 'hi'}], 'a message must be')):
-    with pytest.raises(UsageError, match=match) as e:
-      files.render_chat(messages, 'f.jsonl, line 3')
-    assert str(e.value).startswith('f.jsonl, line 3:')
-    assert '\n' not in str(e.value)
+def test_chats_are_kept_as_messages_and_rendered_when_tokenized():
+  # More in tests/interop/test_chat_template.py.
+  stored = files.render_chat(CHATS[3]['messages'], 'x')
+  assert stored['completion'] == ''
+  assert chat.messages_of(stored['prompt']) == CHATS[3]['messages']
+  prompt, completion = chat.stored_ids(data.ByteTokenizer(),
+                                       stored['prompt'])
+  byte = data.ByteTokenizer()
+  assert byte.decode(prompt) == (
+      '<|system|>\nBe brief.\n<|user|>\nSay 3.\n<|assistant|>\n')
+  assert byte.decode(completion) == '3!'
+  with pytest.raises(UsageError, match="last message must be the "
+                     "assistant's") as e:
+    files.render_chat([{'role': 'user', 'content': 'hi'}], 'f.jsonl, line 3')
+  assert str(e.value).startswith('f.jsonl, line 3:')
 
 
 def test_rows_are_framed_with_the_tokenizers_own_markers():

@@ -192,8 +192,9 @@ def test_cut_chat_records_are_counted_and_warned_about(tmp_path):
                   direction='prompt-completion', lm_mode='examples',
                   data_dir=str(tmp_path / 'tfds'))
   prepared = data.prepare_for(cfg.data)
-  prompt = len(prepared.tokenizer.encode(data.files.render_chat(
-      records[0]['messages'], '')['prompt']))
+  # The fixed chat template's prompt (data/chat.py), BOS left out.
+  prompt = len(data.chat.prompt_ids(prepared.tokenizer,
+                                    records[0]['messages'][:-1])) - 1
   cfg.seq_len = prompt + 20
   report, = data.training_preflight(cfg, prepared.tokenizer)
   report.check()
