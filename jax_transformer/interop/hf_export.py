@@ -125,11 +125,12 @@ def write_weights(config: ModelConfig, params: Mapping[str, Any], out: str,
 def write_folder(config: ModelConfig, params: Mapping[str, Any], tokenizer,
                  out: str, family: str | None = None,
                  max_shard_bytes: int = MAX_SHARD_BYTES,
-                 add_bos: bool = True) -> list[str]:
+                 add_bos: bool = False) -> list[str]:
   """Writes the Hugging Face folder ``out``; returns notes (one line each).
   The tokenizer comes with its chat template and generation_config.json
   (``hf_tokenizer.save_pretrained``; add_bos: it puts BOS first, as rows
-  of examples and instructions began)."""
+  of examples and instructions began, where a stream LM's windows did
+  not)."""
   chosen = check_fits(config, family)
   notes = []
   # Written aside and moved into out at the end: a failure leaves out as

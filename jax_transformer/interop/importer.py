@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 
 from jax_transformer import data
-from jax_transformer.data import tokenizers
+from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.interop import hf_tokenizer, torch_compat
 from jax_transformer.interop.exporter import (
@@ -348,15 +348,17 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
 
 
 def reserved_id_notes(tokenizer) -> list[str]:
-  """A note where the tokenizer's special ids are not the reserved ones
-  (``reserved_ids.py``), else none."""
-  moved = hf_tokenizer.reserved_id_mismatches(tokenizer)
+  """A note where the tokenizer's BOS/EOS are not the project's reserved
+  ids (``reserved_ids.py``), saying what the rows use instead; else
+  none."""
+  moved = [m for m in hf_tokenizer.reserved_id_mismatches(tokenizer)
+           if not m.startswith('pad ')]  # padding has weight 0 anyway
   if not moved:
     return []
-  return [f'The tokenizer\'s {", ".join(moved)}, not the reserved PAD=0 '
-          'BOS=1 EOS=2 that train.py uses: generate.py stops at the '
-          'tokenizer\'s own EOS, but BOS/EOS markers in training data become '
-          'ids 1 and 2.']
+  bos, eos = batching.markers(tokenizer)
+  return [f"The tokenizer's own BOS (id {bos}) and EOS (id {eos}), not the "
+          "project's reserved 1 and 2, begin and end every training row, "
+          'and generate.py stops at that EOS.']
 
 
 def local_mesh(setup) -> jax.sharding.Mesh:

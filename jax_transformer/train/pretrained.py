@@ -198,7 +198,8 @@ def hf_tokenizer(folder: str, hf: Mapping[str, Any]) -> HuggingFaceTokenizer:
       backend = backend or Tokenizer.from_str(tokenizer.tokenizer_json)
       specials[name] = backend.id_to_token(token_id)
   if specials != tokenizer.special_tokens:
-    tokenizer = HuggingFaceTokenizer(tokenizer.tokenizer_json, specials)
+    tokenizer = HuggingFaceTokenizer(tokenizer.tokenizer_json, specials,
+                                     tokenizer.chat_template)
   return tokenizer
 
 
@@ -256,12 +257,33 @@ def workdir_source(path: str) -> Source:
                 lambda: tokenizer, place)
 
 
+def hugging_face_files(folder: str) -> list[str]:
+  """The files of a Hugging Face model folder that ``folder`` holds
+  (weights, tokenizer), which a training workdir never does."""
+  names = sorted(os.listdir(folder))
+  return [n for n in names
+          if n in (HF_WEIGHTS, HF_INDEX, 'pytorch_model.bin',
+                   'tokenizer.json', 'tokenizer_config.json',
+                   'generation_config.json')
+          or (n.endswith('.safetensors') and n.startswith('model-'))][:4]
+
+
 def open_source(path: str) -> Source:
   """The Source ``path`` names, or UsageError in one sentence."""
   folder = hf_folder(path)
   if folder is not None:
     return hf_source(folder, path)
   if os.path.isdir(path):
+    hf_files = hugging_face_files(path)
+    if hf_files:
+      said = ('its config.json names no model_type'
+              if os.path.exists(os.path.join(path, HF_CONFIG))
+              else f'it has no {HF_CONFIG}')
+      raise UsageError(
+          f'config.init_from={path} holds a Hugging Face model '
+          f'({", ".join(hf_files)}) but {said}: save the model there with '
+          "model.save_pretrained(...), which writes it, or copy the "
+          f"model's {HF_CONFIG} beside its weights.")
     return workdir_source(path)
   raise UsageError(f'config.init_from={path} is neither a Hugging Face model '
                    'folder (config.json with a model_type), a model id in the '

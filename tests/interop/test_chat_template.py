@@ -18,7 +18,7 @@ import pytest
 import repo
 import torch
 import transformers
-from hf_models import FAMILIES, SPECIALS, VOCAB, randomize
+from hf_models import _SHAPE, FAMILIES, SPECIALS, VOCAB, randomize
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from jax_transformer import decoding
@@ -26,8 +26,8 @@ from jax_transformer.data import batching, chat, files
 from jax_transformer.data import testing as data_testing
 from jax_transformer.data.tokenizers import ByteTokenizer, HuggingFaceTokenizer
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_tokenizer
-from jax_transformer.train import restore
+from jax_transformer.interop import hf_tokenizer, importer
+from jax_transformer.train import pretrained, restore
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
@@ -75,7 +75,12 @@ def chat_dir(request, tmp_path_factory):
   family = request.param
   folder = str(tmp_path_factory.mktemp('chat') / family)
   torch.manual_seed(7)
-  model = randomize(FAMILIES[family](), 7).eval()
+  if family == 'qwen2':  # Qwen2's config.json names no BOS either
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **{**_SHAPE, 'bos_token_id': None}, tie_word_embeddings=True))
+  else:
+    model = FAMILIES[family]()
+  model = randomize(model, 7).eval()
   model.save_pretrained(folder)
   llama = family == 'llama3'
   hf_tokenizer_with_turns(TEMPLATE_WITH_BOS if llama else TEMPLATE,
@@ -198,6 +203,7 @@ def test_transformers_generate_on_the_export_gives_the_projects_tokens(
   capsys.readouterr()
   trained = restore.load_model(work)
   tok = trained.tokenizer
+  assert tok.chat_template.endswith(TEMPLATE)  # imported with the model
   hf_tok = transformers.AutoTokenizer.from_pretrained(out)
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(
       out, dtype=torch.float32).eval()
@@ -219,3 +225,40 @@ def test_transformers_generate_on_the_export_gives_the_projects_tokens(
                                  do_sample=False)[0, len(ids):].tolist()
     assert theirs[:cut] == ours[:cut]
     assert np.all(np.asarray(ours) < VOCAB)
+
+
+def test_the_template_survives_specials_taken_from_config_json(tmp_path):
+  folder = str(tmp_path / 'm')
+  tok = hf_tokenizer_with_turns(TEMPLATE, bos=False)
+  tok.save_pretrained(folder)
+  # config.json names a BOS the tokenizer files do not: filled in, and the
+  # template kept.
+  got = pretrained.hf_tokenizer(folder, {'bos_token_id': 1})
+  assert got.bos_id == 1 and got.chat_template == TEMPLATE
+
+
+def test_a_hugging_face_folder_without_config_json_is_named_as_one(
+    tmp_path):
+  folder = tmp_path / 'llama_hf'
+  folder.mkdir()
+  hf_tokenizer_with_turns(TEMPLATE, bos=True).save_pretrained(str(folder))
+  (folder / 'model.safetensors').write_bytes(b'')
+  with pytest.raises(UsageError) as e:
+    pretrained.open_source(str(folder))
+  said = str(e.value)
+  assert 'holds a Hugging Face model (model.safetensors, tokenizer.json' in said
+  assert 'it has no config.json' in said and 'training workdir' not in said
+  (folder / 'config.json').write_text('{}')
+  with pytest.raises(UsageError, match='its config.json names no model_type'):
+    pretrained.open_source(str(folder))
+
+
+def test_the_import_note_says_which_ids_frame_the_rows():
+  tok = HuggingFaceTokenizer(
+      hf_tokenizer_with_turns(TEMPLATE, bos=True).backend_tokenizer.to_str(),
+      {'bos': '<pad>', 'eos': '<s>'})  # ids 0 and 1, as Llama 3's tested
+  note, = importer.reserved_id_notes(tok)
+  assert note == ("The tokenizer's own BOS (id 0) and EOS (id 1), not the "
+                  "project's reserved 1 and 2, begin and end every training "
+                  'row, and generate.py stops at that EOS.')
+  assert importer.reserved_id_notes(ByteTokenizer()) == []
