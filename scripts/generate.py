@@ -8,6 +8,8 @@
         --output_file doc.en --beam_size 4 --batch_size 64
     python scripts/generate.py --workdir runs/lm --input "Once upon" \
         --dtype bfloat16 --int8
+    python scripts/generate.py --workdir runs/sft \
+        --chat '[{"role": "user", "content": "Who is Romeo?"}]'
 
 An encoder-decoder translates the input (the source sentence, ending in EOS
 as in training) and prints the translation; a decoder-only model continues
@@ -31,6 +33,11 @@ checkpoint is sharded over this machine's devices as training sharded it
 (``restore.inference_mesh``), so one host of a pod decodes what the pod
 trained; each batch is split over the mesh's ``'data'`` axis.
 
+``--chat`` answers a conversation (instruction data's chat records,
+``docs/finetune.md``): rendered with the tokenizer's chat template (or the
+fixed one) through the assistant's header, as training rendered it, and
+the reply printed alone, stopped at EOS or the template's end of turn.
+
 Bad input (an empty ``--input``, a missing or empty file, a line that
 encodes to nothing or is too long for the model, bad flag values) is one
 sentence on stderr and exit code 2, before any decoding.
@@ -39,12 +46,14 @@ sentence on stderr and exit code 2, before any decoding.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Callable, Sequence
 
 import jax
 
 from jax_transformer import cli, data
+from jax_transformer.data import chat
 from jax_transformer.decoding import inference, quantize
 from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
@@ -70,6 +79,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   source.add_argument('--input_file',
                       help='a file of texts, one per line (-: stdin); a '
                            'blank line gives an empty output line')
+  source.add_argument('--chat',
+                      help='a conversation, JSON: [{"role": "user", '
+                           '"content": ...}, ...] or a .json file holding '
+                           'one; rendered as training rendered chats (the '
+                           "tokenizer's chat template, else the fixed one) "
+                           "and answered by the assistant; prints the reply")
   p.add_argument('--output_file', default='-',
                  help='with --input_file: where the outputs go, one line '
                       'per input line (default -: stdout)')
@@ -100,6 +115,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
   """Raises UsageError for anything wrong before the checkpoint is read."""
+  if args.chat is not None:
+    read_chat(args.chat)
   if args.input is not None and inference.is_blank(args.input):
     raise UsageError('--input is empty; give the text to translate or to '
                      'continue.')
@@ -167,6 +184,46 @@ def run(model, tokenizer, args: argparse.Namespace,
                            mesh=mesh)[0]
   except inference.TextError as e:
     raise UsageError(f'--input {e.reason}.') from None
+
+
+def read_chat(value: str) -> list[dict]:
+  """--chat's messages: JSON, or a .json file holding it; checked."""
+  text = value
+  if not value.lstrip().startswith('['):
+    try:
+      text = storage.path(value, '--chat').read_text()
+    except OSError as e:
+      raise UsageError(f'--chat {value}: neither a JSON list of messages nor '
+                       f'a file that can be read ({e.__class__.__name__}).'
+                       ) from None
+  try:
+    messages = json.loads(text)
+  except ValueError as e:
+    raise UsageError(f'--chat is not JSON ({e}).') from None
+  if not isinstance(messages, list) or not messages:
+    raise UsageError('--chat must be a non-empty JSON list of {"role": ..., '
+                     '"content": ...} messages.')
+  # The conversation so far: a reply follows it.
+  chat.stored_text([*messages, {'role': 'assistant', 'content': ''}],
+                   '--chat')
+  return messages
+
+
+def answer_chat(model, tokenizer, args: argparse.Namespace, mesh=None
+                ) -> str:
+  """The assistant's reply to --chat, stopped at EOS or the template's
+  end of turn."""
+  messages = read_chat(args.chat)
+  try:
+    ids = chat.prompt_ids(tokenizer, messages)
+    return inference.decode_texts(
+        model, tokenizer, ['chat'], rows=[ids],
+        stop_ids=chat.end_of_turn_ids(tokenizer), beam_size=args.beam_size,
+        alpha=args.alpha, sampler=make_sampler(args),
+        key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
+        batch_size=1, mesh=mesh)[0]
+  except inference.TextError as e:
+    raise UsageError(f'--chat {e.reason}.') from None
 
 
 def read_lines(path: str) -> list[str]:
@@ -244,7 +301,9 @@ def main(argv: Sequence[str] | None = None,
   # Once, before decoding: each batch then reuses the converted weights.
   model = quantize.for_decoding(model, args.dtype,
                                 'int8' if args.int8 else None)
-  if args.input is not None:
+  if args.chat is not None:
+    print(answer_chat(model, tokenizer, args, mesh))
+  elif args.input is not None:
     print(run(model, tokenizer, args, stream, mesh))
   else:
     translate_file(model, tokenizer, lines, args, stream, mesh)

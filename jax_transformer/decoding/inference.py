@@ -202,7 +202,9 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                  alpha: float = 0.6, sampler=greedy,
                  key: jax.Array | None = None,
                  max_new_tokens: int | None = None, batch_size: int = 32,
-                 progress: bool = False, mesh=None) -> list[str]:
+                 progress: bool = False, mesh=None,
+                 rows: Sequence[Sequence[int]] | None = None,
+                 stop_ids: Sequence[int] = ()) -> list[str]:
   """The decoded text of each input text, in input order.
 
   model: an EncoderDecoder (the outputs are translations) or a DecoderLM
@@ -221,6 +223,10 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
   progress: a tqdm bar on stderr.
   mesh: shard each batch over the mesh's 'data' axis (see ``decoding``);
     batch_size must then divide by its size.
+  rows: each text's ids already laid out (a chat's prompt,
+    ``data.chat.prompt_ids``) instead of encoding texts.
+  stop_ids: ids that end an output as EOS does (a chat template's
+    end-of-turn tokens); the output ends before the first.
 
   Blank texts (empty or whitespace only) give ''. Every text is checked
   before anything is decoded: TextError names the first that is not blank
@@ -236,7 +242,8 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                      'beam_size=1.')
   if key is None and not is_deterministic(sampler):
     raise UsageError('Sampling needs a key, e.g. key=jax.random.key(0).')
-  rows = encode_texts(texts, tokenizer, model, stream)
+  rows = ([list(r) for r in rows] if rows is not None
+          else encode_texts(texts, tokenizer, model, stream))
   # Decoding stops at the tokenizer's own EOS (a Hugging Face one's may not
   # be the project's id 2); None never stops early.
   eos_id = getattr(tokenizer, 'eos_id', data.EOS_ID)
@@ -281,6 +288,9 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
         tokens = decoding.row_tokens(out, r)
         if beam_size == 1:
           tokens = tokens[:limits[i]]
+        stop = next((k for k, t in enumerate(tokens) if t in stop_ids), None)
+        if stop is not None:
+          tokens = tokens[:stop]
         outputs[i] = tokenizer.decode(_strip_eos(tokens, eos_id))
       bar.update(len(batch))
   return outputs

@@ -225,6 +225,23 @@ def test_transformers_generate_on_the_export_gives_the_projects_tokens(
                                  do_sample=False)[0, len(ids):].tolist()
     assert theirs[:cut] == ours[:cut]
     assert np.all(np.asarray(ours) < VOCAB)
+  # generate.py --chat prints the same reply, stopped at the turn's end.
+  assert load_script('generate').main([
+      '--workdir', work, '--chat', json.dumps(short),
+      '--max_new_tokens', '12']) == 0
+  assert capsys.readouterr().out == tok.decode(ours[:cut]) + '\n'
+
+
+def test_generate_refuses_a_bad_chat_in_one_sentence(capsys, tmp_path):
+  generate = load_script('generate')
+  for value, said in (('[]', 'non-empty JSON list'),
+                      ('[{"role": "user"', 'is not JSON'),
+                      ('[{"role": "user", "content": 3}]',
+                       'a message must be'),
+                      (str(tmp_path / 'missing.json'), 'neither a JSON list')):
+    assert generate.main(['--workdir', str(tmp_path), '--chat', value]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count('\n') == 1, err
 
 
 def test_the_template_survives_specials_taken_from_config_json(tmp_path):
