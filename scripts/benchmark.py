@@ -133,7 +133,7 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'demand_tokens_per_s', 'worker_count', 'cores_needed',
               'config', 'signal_to_exit_s', 'exit_status', 'saved_step',
               'compiled_to_signal_s', 'layout', 'predicted_step_s',
-              'measured_step_s', 'mfu_bound', 'measured_over_predicted',
+              'measured_step_s', 'predicted_mfu', 'measured_over_predicted',
               'spearman', 'top_choice_agrees', 'error')
 
 

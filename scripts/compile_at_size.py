@@ -83,6 +83,7 @@ def parse_args(argv):
                     'step alone (not the eval step and the decode).',
                     flag_values=values)
   target_flags.define_overlap(values)
+  target_flags.define_network(values)
   target_flags.define_output(values, 'the JSON lines')
   cfg, spec = target_flags.parse('compile_at_size.py', argv, values,
                                  __doc__, config='optional')
@@ -99,6 +100,9 @@ def parse_args(argv):
     if values.train_only:
       raise UsageError('--train_only narrows a --target compile; give '
                        '--target NAME too.')
+    if values.network_gbps is not None:
+      raise UsageError('--network_gbps prices a --target compile; give '
+                       '--target NAME too.')
     return None, None, values
   given = [f'--{name}' for name in SUITE_FLAGS if values[name].present]
   if given:
@@ -107,7 +111,7 @@ def parse_args(argv):
   if cfg is None:
     raise UsageError('--target needs --config NAME[:preset]; give a config '
                      'such as lm_1_3b.')
-  targets.target(values.target)
+  targets.network_rate(targets.target(values.target), values.network_gbps)
   return cfg, spec, values
 
 
@@ -197,8 +201,10 @@ def table(rows: list[dict]) -> str:
 
 def target_main(cfg, spec: str, values) -> int:
   from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
+  target = targets.target(values.target)
   row = report.report(cfg, spec, values.target, values.slices,
-                      values.serialize, values.train_only)
+                      values.serialize, values.train_only,
+                      targets.network_rate(target, values.network_gbps))
   stream([row], values.output)
   print(report.summary(row), file=sys.stderr)
   return 0

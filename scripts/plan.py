@@ -28,6 +28,7 @@ from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.compile import flags as target_flags
+from jax_transformer.compile import step_model
 from jax_transformer.errors import UsageError
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
@@ -50,6 +51,7 @@ def parse_args(argv: list[str]):
   flags.DEFINE_float('budget_s', 600, 'seconds the plan may take',
                      flag_values=values)
   target_flags.define_output(values, 'one JSON row per candidate')
+  target_flags.define_network(values)
   flags.DEFINE_list('param_dtypes', list(cands.PARAM_DTYPES),
                     'parameter dtypes to consider (bfloat16 parameters and '
                     "Adam moments change the training's numerics)",
@@ -66,6 +68,7 @@ def parse_args(argv: list[str]):
                      f'{", ".join(targets.TARGETS)}.')
   target = targets.target(values.target)
   targets.check_slices(target, values.slices)
+  targets.network_rate(target, values.network_gbps)
   unknown = set(values.param_dtypes) - set(cands.PARAM_DTYPES)
   if unknown or not values.param_dtypes:
     raise UsageError(f'--param_dtypes takes '
@@ -100,18 +103,25 @@ def table(rows: list[dict]) -> str:
   """The best SHOWN rows, the config's own layout among them."""
   shown = [r for r in rows if r['rank'] and r['rank'] <= SHOWN]
   shown += [r for r in rows if r['shipped'] and r not in shown]
-  lines = ['rank  layout' + ' ' * 58 + 'per chip     fits  ms/update  '
-           'MFU bound  compile']
+  lines = [f'Predicted by the step model (cost version '
+           f'{step_model.COST_VERSION}), not measured; ties (within 0.5%) '
+           'go to float32 parameters, then to the fewest bytes moved.',
+           'rank  layout' + ' ' * 58 + 'per chip     fits  ms/update  '
+           'pred. MFU  GB moved  links  compile']
   for r in shown:
     need = memory.readable(r['per_chip_bytes']) if r['per_chip_bytes'] \
         else '-'
     ms = (search.milliseconds(r['predicted_step_s']).removesuffix(' ms')
           if r['predicted_step_s'] else '-')
-    mfu = f'{r["mfu_bound"]:9.0%}' if r['mfu_bound'] else '        -'
+    mfu = f'{r["predicted_mfu"]:9.0%}' if r['predicted_mfu'] else '        -'
+    moved = (f'{search.bytes_moved(r) / 1e9:8.1f}' if r.get('cost_bytes')
+             else '       -')
+    share = f'{r["link_share"]:5.0%}' if r.get('link_share') is not None \
+        else '    -'
     mark = ' (shipped)' if r['shipped'] else ''
     lines.append(f'{r["rank"] or "-":>4}  {(r["layout"] + mark):64.64} '
                  f'{need:>10}  {"yes" if r["fits"] else "no ":>4} {ms:>9}  '
-                 f'{mfu}  {r["compile_s"] or 0:5.0f} s')
+                 f'{mfu}  {moved}  {share}  {r["compile_s"] or 0:5.0f} s')
   counts = {}
   for r in rows:
     counts[r['status']] = counts.get(r['status'], 0) + 1
@@ -147,7 +157,8 @@ def main(argv=None) -> int:
   # imports imported JAX; no backend has started).
   with targets.start(values.target):
     pass
-  where = search.Where.target(values.target, values.slices)
+  where = search.Where.target(values.target, values.slices,
+                             values.network_gbps)
   rows = search.plan(cfg, spec, where, rows_per_update, values.budget_s,
                      values.cache_dir or None,
                      param_dtypes=tuple(values.param_dtypes),
@@ -163,17 +174,17 @@ def main(argv=None) -> int:
     return 1
   best = rows[0]
   own = next(r for r in rows if r['shipped'])
-  print(f'\nFastest that fits: {best["layout"]}, '
-        f'{search.milliseconds(best["predicted_step_s"])} an update, MFU bound '
-        f'{best["mfu_bound"]:.0%} (the config\'s own layout: '
-        f'{_own(own)}).\n{command}')
+  print(f'\nFastest that fits, by the step model: {best["layout"]}, '
+        f'{search.milliseconds(best["predicted_step_s"])} an update, '
+        f'predicted MFU {best["predicted_mfu"]:.0%} (the config\'s own '
+        f'layout: {_own(own)}); ranked by {best["ranked_by"]}.\n{command}')
   return 0
 
 
 def _own(row: dict) -> str:
   if row['predicted_step_s']:
-    return (f'{search.milliseconds(row["predicted_step_s"])}, MFU bound '
-            f'{row["mfu_bound"]:.0%}')
+    return (f'{search.milliseconds(row["predicted_step_s"])}, predicted '
+            f'MFU {row["predicted_mfu"]:.0%}')
   return 'does not fit' if row['fits'] is False else row['status']
 
 

@@ -13,8 +13,9 @@ config's own layout and/or (``--layouts planner``) the one
 ``scripts/plan.py`` finds fastest. The rows go to --output as JSON
 lines; the table (markdown) to stdout: per-chip memory by the target's
 compiler against the chip's, the pre-flight estimate's ratio to it,
-compile time, collective bytes per chip and step, the roofline MFU bound
-and what limits it, and the largest global batch that fits (per-chip
+compile time, collective bytes per chip and step, the step model's
+predicted MFU (its cost version in the header) with what limits it and
+the share of link time, and the largest global batch that fits (per-chip
 memory is affine in the batch: a second compile at half or twice the
 batch gives its slope), and whether the compilers' overlap options were
 on (``runtime/xla_options.py``). A GPU pair that does not fit one host is
@@ -155,9 +156,12 @@ def _cell(text) -> str:
 def markdown(rows: list[dict]) -> str:
   """The rows as the docs' table; a pair that failed to compile is a line
   under the table saying why, never a cell."""
+  version = next((r['cost_version'] for r in rows if 'cost_version' in r),
+                 '?')
   lines = ['| config | target | layout | mesh | rows x tokens '
            '| per chip (compiler) | fits | largest batch | estimate / compiler '
-           '| compile | collectives / chip | MFU bound (limited by) '
+           '| compile | collectives / chip | predicted MFU, cost version '
+           f'{version} (limited by; links) '
            '| attention | XLA overlap |',
            '|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---|']
   failed = []
@@ -169,8 +173,9 @@ def markdown(rows: list[dict]) -> str:
     mesh = ' x '.join(f'{k} {v}' for k, v in r['mesh'].items() if v > 1)
     need = r['per_chip_bytes'] or 0
     ratio = f'{r["estimate_bytes"] / need:.2f}x' if need else '-'
-    mfu = (f'{r["mfu_bound"]:.0%} ({limit(r)})'
-           if r.get('mfu_bound') is not None else '-')
+    mfu = (f'{r["predicted_mfu"]:.0%} ({limit(r)}; '
+           f'{r.get("link_share", 0):.0%})'
+           if r.get('predicted_mfu') is not None else '-')
     fits = 'yes' if r['fits'] else f'no (+{r["over_by_bytes"] / GB:.1f} GB)'
     largest = r.get('largest_batch')
     moved = r.get('collective_bytes')
@@ -189,7 +194,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def limit(row: dict) -> str:
-  """What bounds the row's step: compute, HBM or links."""
+  """What takes most of the row's predicted step: compute, HBM or links."""
   parts = {'compute': row.get('compute_bound_s') or 0,
            'HBM': row.get('hbm_bound_s') or 0,
            'links': row.get('link_bound_s') or 0}

@@ -17,7 +17,7 @@ H100/H200), and also over the bf16 matmul rate measured in the same run.
 
 Beside each measured step: the roofline's prediction for the same
 executable on this device (``compile/step_model.py``, the target table's
-and the planner's model: ``predicted_step_s`` and ``mfu_bound``, with the
+and the planner's model: ``predicted_step_s`` and ``predicted_mfu``, with the
 chip's built-in rates on an accelerator, measured ones on CPU host
 devices), and ``measured_over_predicted``, so that the first run on
 hardware checks the model. The items are the table's small rows on one
@@ -139,7 +139,7 @@ def predicted(compiled, config, item: dict, src_len: int,
   cost = step_model.StepCost.of(compiled, kernel)
   figures = step_model.predict(cost, rates, 1, model_flops, 1)
   return dict(predicted_step_s=figures['predicted_step_s'],
-              mfu_bound=figures['mfu_bound'], rates=rates.name,
+              predicted_mfu=figures['predicted_mfu'], rates=rates.name,
               predicted_parts_s={k: figures[k] for k in
                                  ('compute_s', 'hbm_s', 'link_s')})
 

@@ -5,10 +5,11 @@ On a GPU or TPU: ``config`` (default gpt2_small) is planned for the local
 devices within ``budget_s`` and the planner's top three layouts are
 measured. On CPU host devices: the eight layouts of the small LM the suite
 checks (``plan/measure.py``). A row per layout (predicted and measured
-seconds an update, their ratio), then a summary row: Spearman's rank
-correlation and whether the predicted fastest is the measured fastest
-(within 10%: near-equal layouts trade places from run to run on a shared
-host).
+seconds an update, their ratio), then a summary row: the step model's
+version, Spearman's rank correlation, the median and the worst (furthest
+from 1) ratio of predicted to measured time, and whether the predicted
+fastest is the measured fastest (within 10%: near-equal layouts trade
+places from run to run on a shared host).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from jax_transformer import cli
+from jax_transformer.compile import step_model
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import measure, search
 
@@ -48,7 +51,7 @@ def run(config: str | None = None, budget_s: float = 300,
            'layout': r['layout'], 'predicted_step_s': r['predicted_step_s'],
            'measured_step_s': r['measured_step_s'],
            'ratio': r['predicted_over_measured'],
-           'mfu_bound': r['mfu_bound']} for r in compared]
+           'predicted_mfu': r['predicted_mfu']} for r in compared]
   return rows + [summary(rows)]
 
 
@@ -57,7 +60,12 @@ def summary(rows: list[dict]) -> dict:
   predicted = [r['predicted_step_s'] for r in rows]
   measured = [r['measured_step_s'] for r in rows]
   pick = measured[predicted.index(min(predicted))]
+  ratios = sorted(p / m for p, m in zip(predicted, measured))
   return {'suite': 'plan', 'layouts': len(rows),
+          'cost_version': step_model.COST_VERSION,
           'spearman': measure.spearman(predicted, measured),
           'top_choice_agrees': pick <= TIE * min(measured),
-          'top_choice_measured_over_best': pick / min(measured)}
+          'top_choice_measured_over_best': pick / min(measured),
+          'median_predicted_over_measured': float(np.median(ratios)),
+          'worst_predicted_over_measured': max(ratios, key=lambda r: abs(
+              np.log(r)))}

@@ -51,6 +51,17 @@ def define_overlap(values: flags.FlagValues) -> None:
                     flag_values=values)
 
 
+def define_network(values: flags.FlagValues) -> None:
+  """``--network_gbps``: the network's rate a chip between hosts (GPUs) or
+  slices (TPUs), which the step model prices crossing collectives at."""
+  flags.DEFINE_float('network_gbps', None, "Gb/s a chip of the network "
+                     'between hosts (GPU targets) or slices (TPU, DCN), for '
+                     'the step model; default: the chip\'s '
+                     '(jax_transformer/runtime/targets.py: 400 for H100 '
+                     'and H200, 50 for v5p, 25 for v4, v5e and v6e).',
+                     flag_values=values)
+
+
 def define_output(values: flags.FlagValues,
                   what: str = 'the JSON rows') -> None:
   """``--output FILE``: where a script also writes its JSON rows."""

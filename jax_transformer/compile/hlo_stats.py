@@ -226,6 +226,80 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
   Rough per instruction; its use is the ratio of the two, which scales
   XLA's figure (every operand and result, each body once) to a step's HBM
   traffic."""
+  per_step = once = 0.0
+  for _, _, moved, moved_once in _kernel_bytes(hlo):
+    per_step += moved
+    once += moved_once
+  return per_step, once
+
+
+def bytes_without_math(hlo: str) -> float:
+  """HBM bytes per step (as ``memory_bytes`` counts them) of the kernels
+  that do no matmul: the fusions of norms, residual adds, activations,
+  layout changes and the optimizer, and copies. A step's kernels run one
+  after another, and a kernel's traffic can hide only behind its own
+  math: these bytes are time no matmul hides. Not counted here: the
+  collectives (their time is their links') and the asynchronous copies a
+  TPU prefetches with (``copy-start``, ``slice-start``: they run beside
+  the kernels)."""
+  comps, _ = _parsed(hlo)
+  math = _with_math(comps)
+  return sum(moved for _, line, moved, _ in _kernel_bytes(hlo)
+             if not _does_math(line, comps, math)
+             and not _beside_kernels(line))
+
+
+def _beside_kernels(line: str) -> bool:
+  """A collective or an asynchronous copy: work that does not hold the
+  chip's cores as a kernel does."""
+  if _TPU_ASYNC.match(line):
+    return True
+  match = _INSTRUCTION.match(line)
+  op = match.group(2) if match else ''
+  return (op.removesuffix('-start') in COLLECTIVES
+          or op in ('copy-start', 'slice-start', 'async-start'))
+
+
+def _does_math(line: str, comps: dict[str, list[str]], math: set[str]
+               ) -> bool:
+  """Whether the kernel of this line is a matmul, an attention kernel, or
+  a fusion (or call) of a computation that holds one."""
+  match = _INSTRUCTION.match(line)
+  op = match.group(2) if match else ''
+  if op in ('dot', 'convolution') or (op == 'custom-call' and (
+      _GEMM.search(line) or any(k.search(line) for k in _KERNELS.values()))):
+    return True
+  return any(called in math for _, called in _CALLED.findall(line))
+
+
+def _with_math(comps: dict[str, list[str]]) -> set[str]:
+  """The computations that hold a matmul or an attention kernel, directly
+  or in a computation they call."""
+  direct, calls = set(), {}
+  for name, lines in comps.items():
+    calls[name] = set()
+    for line in lines:
+      match = _INSTRUCTION.match(line)
+      op = match.group(2) if match else ''
+      if op in ('dot', 'convolution') or (op == 'custom-call' and (
+          _GEMM.search(line)
+          or any(k.search(line) for k in _KERNELS.values()))):
+        direct.add(name)
+      calls[name].update(c for _, c in _CALLED.findall(line))
+  math, changed = set(direct), True
+  while changed:
+    changed = False
+    for name, called in calls.items():
+      if name not in math and called & math:
+        math.add(name)
+        changed = True
+  return math
+
+
+def _kernel_bytes(hlo: str):
+  """(computation, line, HBM bytes per step, bytes with each computation
+  once) of every kernel: each instruction outside a fusion that moves
+  bytes (``memory_bytes``)."""
   comps, runs = _parsed(hlo)
   fused = {m.group(1) for lines in comps.values() for line in lines
            for m in [_FUSED.search(line)] if m}
@@ -240,7 +314,6 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
   for name in fused:
     if name in comps:
       _fusion_io(name, comps, sizes, io)
-  per_step = once = 0.0
   for name, op, shape, line in _instructions(comps):
     if name in fused or op in _FREE or op.endswith('-done') or (
         op == 'custom-call' and _moves_nothing(line)):
@@ -249,10 +322,10 @@ def memory_bytes(hlo: str) -> tuple[float, float]:
     kernel = (op, roots.get(called) if called else op, shape,
               io.get(called, ({}, None)))
     operands = _operand_names(line)
-    once += _moved(*kernel, [sizes.get(o, 0) for o in operands], False)
-    per_step += _moved(*kernel, [in_hbm.get(o, 0) for o in operands],
-                       True) * runs.get(name, 0)
-  return per_step, once
+    yield (name, line,
+           _moved(*kernel, [in_hbm.get(o, 0) for o in operands], True)
+           * runs.get(name, 0),
+           _moved(*kernel, [sizes.get(o, 0) for o in operands], False))
 
 
 def _moved(op: str, kind: str, shape: str,
@@ -483,3 +556,146 @@ def async_collectives(hlo: str) -> dict[str, dict[str, int]]:
     is_async = op.endswith('-start') or name in inside
     counts['async' if is_async else 'sync'][kind] += 1
   return counts
+
+
+# How a collective names the devices that take part in it (partition ids,
+# in the order of the mesh's devices): a list of groups, an iota of groups
+# ([groups, size]<=[dims]T(perm)), a mesh's axes, or a permute's pairs.
+_GROUP_LIST = re.compile(r'replica_groups=\{((?:\{[\d,]*\},?)*)\}')
+_GROUP_IOTA = re.compile(
+    r'replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?')
+_GROUP_MESH = re.compile(
+    r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(\[([\d,]+)\]"
+    r"(?:T\(([\d,]+)\))?\))? \{([^}]*)\}")
+_PAIRS = re.compile(r'source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}')
+LINK_CLASSES = ('sync', 'sync_cross', 'async', 'async_cross')
+# A TPU's transfer between slices, handed to the host's runtime.
+_MEGASCALE = '_xla_host_transfer_handler_name="xla_megascale_runtime"'
+
+
+def _iota(dims: list[int], perm: list[int] | None) -> np.ndarray:
+  ids = np.arange(int(np.prod(dims))).reshape(dims)
+  return ids.transpose(perm) if perm else ids
+
+
+def _ints(text: str | None) -> list[int]:
+  return [int(n) for n in text.split(',') if n] if text else []
+
+
+def replica_groups(line: str) -> list[list[int]] | None:
+  """The groups of partitions a collective runs over (a permute: its
+  source and target pairs); [] for one group of every partition; None
+  where the line says it in a form not read here."""
+  pairs = _PAIRS.search(line)
+  if pairs:
+    return [_ints(p) for p in re.findall(r'\{([\d,]+)\}', pairs.group(1))]
+  found = _GROUP_LIST.search(line)
+  if found:
+    return [_ints(g) for g in re.findall(r'\{([\d,]*)\}', found.group(1))
+            if g]
+  found = _GROUP_IOTA.search(line)
+  if found:
+    groups, size = int(found.group(1)), int(found.group(2))
+    ids = _iota(_ints(found.group(3)), _ints(found.group(4)) or None)
+    return ids.reshape(groups, size).tolist()
+  found = _GROUP_MESH.search(line)
+  if found:
+    axes = re.findall(r"'([^']+)'=(\d+)", found.group(1))
+    if not axes:
+      return None
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    ids = (_iota(_ints(found.group(2)), _ints(found.group(3)) or None)
+           .reshape(-1) if found.group(2) else np.arange(int(np.prod(sizes))))
+    ids = ids.reshape(sizes)
+    over = [names.index(a) for a in re.findall(r"'([^']+)'", found.group(4))
+            if a in names]
+    if not over:
+      return None
+    rest = [i for i in range(len(names)) if i not in over]
+    size = int(np.prod([sizes[i] for i in over]))
+    return ids.transpose(rest + over).reshape(-1, size).tolist()
+  return None
+
+
+def crosses(line: str, islands: list[int] | None) -> bool:
+  """Whether the collective of this line joins partitions of different
+  islands (``islands[p]``: the host, on GPUs, or the slice, on TPUs, of
+  partition p), so that its bytes cross the network between them. A form
+  of groups not read here counts as crossing."""
+  if not islands or len(set(islands)) < 2:
+    return False
+  groups = replica_groups(line)
+  if not groups:  # one group of all, or unread
+    return True
+  for group in groups:
+    if any(p >= len(islands) for p in group):
+      return True
+    if len({islands[p] for p in group}) > 1:
+      return True
+  return False
+
+
+def _is_done_of(line: str, start: str) -> bool:
+  match = _INSTRUCTION.match(line)
+  op = match.group(2) if match else ''
+  tpu = _TPU_ASYNC.match(line)
+  done = (tpu and tpu.group(1) == 'done') or op.endswith('-done')
+  return bool(done) and start in _operand_names(line)
+
+
+def collective_links(hlo: str, islands: list[int] | None = None
+                     ) -> dict[str, float]:
+  """Link bytes per step (as ``link_bytes`` counts them: an all-reduce
+  twice) in four classes: ``sync`` and ``async`` by whether the schedule
+  puts a kernel with math (``_does_math``) between the collective's start
+  and its done (XLA:GPU's ``*-start``/``*-done`` and ``async-start``, a
+  TPU's ``async-collective-start``/``-done`` fusions; a collective
+  outside such a pair, or with nothing to hide behind, is ``sync``), and
+  ``_cross`` where it joins partitions of different islands
+  (``crosses``), as does a TPU's transfer between slices (a ``send`` to
+  the Megascale runtime, the compiler's half of a collective over the
+  data-center network: its bytes, twice for an all-reduce's)."""
+  comps, runs = _parsed(hlo)
+  copies = _async_copies(comps)
+  math = _with_math(comps)
+  hidden_starts, hidden_calls = set(), set()
+  for lines in comps.values():
+    for i, line in enumerate(lines):
+      match = _INSTRUCTION.match(line)
+      op = match.group(2) if match else ''
+      tpu = _TPU_ASYNC.match(line)
+      if not ((tpu and tpu.group(1) == 'start') or _MEGASCALE in line and (
+          op == 'send') or (
+          op.endswith('-start')
+          and op.removesuffix('-start') in COLLECTIVES + ('async',))):
+        continue
+      start = _NAME.match(line).group(1)
+      for later in lines[i + 1:]:
+        if _is_done_of(later, start):
+          break
+        if _does_math(later, comps, math):
+          hidden_starts.add(start)
+          hidden_calls.update(c for _, c in _CALLED.findall(line))
+          break
+  out = dict.fromkeys(LINK_CLASSES, 0.0)
+  for name, op, shape, line in _instructions(comps):
+    if op == 'send' and _MEGASCALE in line:
+      # A TPU's collective between slices: each chip's share handed to
+      # the host's Megascale runtime, which moves it over the data-center
+      # network (an all-reduce's share goes and comes back).
+      twice = 'rendezvous="all-reduce' in line
+      key = ('async' if _NAME.match(line).group(1) in hidden_starts
+             else 'sync') + '_cross'
+      out[key] += _bytes(shape) * runs.get(name, 0) * (2 if twice else 1)
+      continue
+    kind = op.removesuffix('-start')
+    if kind not in COLLECTIVES or op.endswith('-done') or name in copies:
+      continue
+    moved = _bytes(shape) * runs.get(name, 0) * (
+        2 if kind == 'all-reduce' else 1)
+    hidden = (_NAME.match(line).group(1) in hidden_starts
+              or name in hidden_calls)
+    key = ('async' if hidden else 'sync') + (
+        '_cross' if crosses(line, islands) else '')
+    out[key] += moved
+  return out

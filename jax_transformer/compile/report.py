@@ -147,10 +147,12 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
 
 
 def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
-             rates: step_model.Rates, chips: int) -> dict[str, Any]:
-  """The step model's bounds on the step's time from compute, HBM and
-  links at rates, and the MFU bound (``step_model.figures``: the
-  planner's figures for the same executable)."""
+             rates: step_model.Rates, chips: int,
+             islands: list[int] | None = None) -> dict[str, Any]:
+  """The step model's prediction of the step's time from compute, HBM and
+  links at rates (the network's between islands: ``step_model.islands``),
+  and the MFU it predicts (``step_model.figures``: the planner's figures
+  for the same executable)."""
   mc = setup.model_config
   model_flops = perf.step_flops(mc, cfg.batch_size,
                                 experiment.source_len(cfg),
@@ -159,7 +161,8 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
          'compute_bound_s': model_flops / chips / rates.peak_flops}
   if train.compiled is None:
     return row
-  cost, predicted = step_model.figures(train.compiled, cfg, mc, rates, chips)
+  cost, predicted = step_model.figures(train.compiled, cfg, mc, rates, chips,
+                                       islands)
   xla = step_model.xla_cost(train.compiled)
   row.update(xla_flops_per_chip=xla.get('flops'),
              xla_bytes_accessed_per_chip=xla.get('bytes accessed'),
@@ -170,16 +173,25 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
              link_bound_s=predicted['link_s'],
              step_time_bound_s=predicted['step_s'],
              predicted_step_s=predicted['predicted_step_s'],
-             mfu_bound=predicted['mfu_bound'])
+             predicted_mfu=predicted['predicted_mfu'],
+             exposed_hbm_s=predicted['exposed_hbm_s'],
+             network_s=predicted['network_s'],
+             exposed_link_s=predicted['exposed_link_s'],
+             link_share=predicted['link_share'],
+             link_classes=cost.link_classes,
+             network_bytes_per_s=rates.network_bytes_per_s,
+             cost_version=step_model.COST_VERSION)
   return row
 
 
 def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
            slices: int = 1, serialize: str | None = None,
-           train_only: bool = False) -> dict[str, Any]:
+           train_only: bool = False,
+           network_bytes_per_s: float | None = None) -> dict[str, Any]:
   """One JSON row: cfg (named spec) compiled for target_name x slices
   (``train_only``: the train step alone, the row without eval_* and
-  decode_* fields)."""
+  decode_* fields; ``network_bytes_per_s``: the network's rate a chip
+  between hosts or slices, the chip's default where None)."""
   target = targets.target(target_name)
   devices = target_devices(target, slices)
   platform = target.kernel_platform
@@ -230,9 +242,10 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
           hlo_stats.async_collectives(train.compiled.as_text())
           if train.compiled is not None else None),
   }
-  row.update(roofline(train, cfg, setup, step_model.Rates.of_target(target),
-                      len(devices)))
-  row.setdefault('mfu_bound', None)
+  row.update(roofline(train, cfg, setup,
+                      step_model.Rates.of_target(target, network_bytes_per_s),
+                      len(devices), step_model.islands(mesh.devices)))
+  row.setdefault('predicted_mfu', None)
   if serialize and train.compiled is not None:
     _serialize(train.compiled, serialize)
     row['serialized'] = serialize
@@ -315,9 +328,10 @@ def summary(row: dict[str, Any]) -> str:
     if row['fits'] and not row.get(fits, True):
       verdict = f'fits, but its {name} does not'
 
-  mfu = (f'{row["mfu_bound"]:.0%}' if row.get('mfu_bound') is not None
-         else 'unknown')
+  mfu = (f'{row["predicted_mfu"]:.0%} (links {row["link_share"]:.0%} of '
+         f'the step), by the step model v{row["cost_version"]}'
+         if row.get('predicted_mfu') is not None else 'unknown')
   return (f'{row["config"]} on {row["target"]} ({row["devices"]} x '
           f'{row["device_kind"]}, mesh {row["mesh"]}): {verdict}: {need} '
-          f'per chip of {have}; compiled in {row["compile_s"]:.1f} s; MFU '
-          f'bound {mfu}; attention {row["attention_kernel"]}.')
+          f'per chip of {have}; compiled in {row["compile_s"]:.1f} s; '
+          f'predicted MFU {mfu}; attention {row["attention_kernel"]}.')

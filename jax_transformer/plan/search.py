@@ -43,7 +43,7 @@ ESTIMATE_ERROR = 1.2
 REMAT_RECOMPUTE = {'none': 1.0, 'dots': 1.05, 'full': 4 / 3}
 # Part of each cache key: a change to what a compiled result holds (the
 # cost counted from the HLO) makes older entries miss.
-COST_VERSION = 8
+COST_VERSION = step_model.COST_VERSION
 DEFAULT_CACHE = os.path.join(os.path.expanduser('~'), '.cache',
                              'jax_transformer', 'plan')
 
@@ -59,11 +59,14 @@ class Where:
   slices: int = 1
 
   @classmethod
-  def target(cls, name: str, slices: int = 1) -> 'Where':
+  def target(cls, name: str, slices: int = 1,
+             network_gbps: float | None = None) -> 'Where':
+    """Target name's compile-only devices, its chip's rates (its
+    network's at network_gbps a chip where given)."""
     t = targets.target(name)
     devices = tuple(report.target_devices(t, slices))
-    return cls(name, devices, t.kernel_platform, step_model.Rates.of_target(t),
-               slices)
+    return cls(name, devices, t.kernel_platform, step_model.Rates.of_target(
+        t, targets.network_rate(t, network_gbps)), slices)
 
   @classmethod
   def here(cls, devices=None) -> 'Where':
@@ -227,21 +230,23 @@ def compile_candidate(s: Sized, where: Where, cache: Cache,
   if found is not None:
     return dict(found, status='cached', fingerprint=key)
   result = compiled_result(report.compile_lowered(run.lowered, run.lower_s),
-                           s, where)
+                           s, where, step_model.islands(run.mesh.devices))
   cache.put(key, result)
   return dict(result, status='compiled', fingerprint=key)
 
 
-def compiled_result(step: report.StepCompile, s: Sized, where: Where
-                    ) -> dict[str, Any]:
+def compiled_result(step: report.StepCompile, s: Sized, where: Where,
+                    islands: list[int] | None = None) -> dict[str, Any]:
   """What the plan keeps of s's compiled step (its cost, from the
-  executable: ``step_model.StepCost``)."""
+  executable: ``step_model.StepCost``; islands: ``step_model.islands`` of
+  its mesh's devices)."""
   result = {'per_chip_bytes': step.per_chip_bytes,
             'compile_s': round(step.compile_s, 2)}
   if step.compiled is not None:
     cost = step_model.StepCost.of(
         step.compiled,
-        step_model.kernel_flops(s.cfg, s.setup.model_config, where.chips))
+        step_model.kernel_flops(s.cfg, s.setup.model_config, where.chips),
+        islands)
     result['cost'] = cost.to_json()
   return result
 
@@ -344,11 +349,13 @@ def rank(rows: list[dict]) -> list[dict]:
   """Rows best first: fitting compiled ones by predicted time per update,
   then the rest (by guessed time); each fitting row numbered.
 
-  Predictions within 0.5% of each other are a tie (compute-bound layouts
-  all meet the same bound). A tie goes to float32 parameters (bfloat16
-  ones change the training: weights and Adam's moments updated in
-  bfloat16), then to the layout whose overlapped parts, HBM and links,
-  leave the most slack, then to the least memory."""
+  Predictions within 0.5% of each other are a tie (the step model cannot
+  tell them apart). A tie goes to float32 parameters (bfloat16 ones change
+  the training: weights and Adam's moments updated in bfloat16), then to
+  the layout that moves the fewest bytes (``bytes_moved``: HBM and links,
+  which the model hides partly behind compute but which cost a real run
+  more the more there are), then to the least memory. Each fitting row
+  says how it was placed (``ranked_by``)."""
   def seconds(r):
     return r['predicted_step_s'] or r.get('guess_step_s') or 0.0
 
@@ -365,13 +372,27 @@ def rank(rows: list[dict]) -> list[dict]:
       group, first = group + 1, r
     r['_tie'] = group
   rows.sort(key=lambda r: (r['_tie'], r['param_dtype'] != 'float32',
-                           round(r.get('hbm_s', 0.0) + r.get('link_s', 0.0),
-                                 6), r['per_chip_bytes'] or 0))
+                           bytes_moved(r), r['per_chip_bytes'] or 0))
+  sizes = {}
   for r in rows:
+    sizes[r['_tie']] = sizes.get(r['_tie'], 0) + fitting(r)
+  for r in rows:
+    if fitting(r):
+      r['ranked_by'] = ('predicted time' if sizes[r['_tie']] < 2 else
+                        'a tie on predicted time (within 0.5%), broken by '
+                        'float32 parameters first, then the fewest bytes '
+                        'moved')
     del r['_tie']
   for i, r in enumerate(rows):
     r['rank'] = i + 1 if r.get('fits') and r.get('predicted_step_s') else None
   return rows
+
+
+def bytes_moved(row: dict) -> float:
+  """HBM and link bytes per chip an update moves (0 for a row not
+  compiled)."""
+  cost = row.get('cost_bytes') or {}
+  return float(cost.get('hbm', 0.0) + cost.get('link', 0.0))
 
 
 def _row(c: cands.Candidate, spec: str, where: Where, global_batch: int,
@@ -381,7 +402,7 @@ def _row(c: cands.Candidate, spec: str, where: Where, global_batch: int,
           **dataclasses.asdict(c), 'layout': c.describe(),
           'shipped': shipped, 'fits': None, 'per_chip_bytes': None,
           'chip_memory_bytes': where.rates.memory_bytes,
-          'predicted_step_s': None, 'mfu_bound': None, 'compile_s': None,
+          'predicted_step_s': None, 'predicted_mfu': None, 'compile_s': None,
           **extra}
 
 
@@ -407,6 +428,9 @@ def compiled_row(s: Sized, result: dict, spec, where, global_batch
         step_model.update_flops(s.cfg, mc), where.chips))
     row['collective_bytes'] = cost.collective_bytes
     row['attention_kernels'] = cost.attention_kernels
+    accum = step_model.grad_accum_steps(s.cfg)
+    row['cost_bytes'] = {'hbm': cost.hbm_bytes * accum,
+                         'link': cost.link_bytes * accum}
   return row
 
 
@@ -419,8 +443,8 @@ def milliseconds(seconds: float) -> str:
 def _progress(row: dict) -> str:
   need = memory.readable(row['per_chip_bytes'] or 0)
   verdict = 'fits' if row['fits'] else 'does not fit'
-  time_s = (f', {milliseconds(row["predicted_step_s"])} an update, MFU bound '
-            f'{row["mfu_bound"]:.0%}' if row.get('predicted_step_s') else '')
+  time_s = (f', {milliseconds(row["predicted_step_s"])} an update, predicted MFU '
+            f'{row["predicted_mfu"]:.0%}' if row.get('predicted_step_s') else '')
   how = ('found in the cache' if row['status'] == 'cached' else
          row['status'])
   return (f'  {row["layout"]}: {verdict} ({need} a chip){time_s}; {how} '

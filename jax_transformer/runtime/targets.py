@@ -41,17 +41,39 @@ class Chip:
   kind: str               # as jax.Device.device_kind reads
   hbm_bytes_per_s: float
   link_bytes_per_s: float  # chip-to-chip (ICI or NVLink), one direction
+  # The chip's share of the network between hosts (GPUs) or slices (TPUs,
+  # the data-center network), one direction: what a collective crossing
+  # hosts or slices moves at.
+  network_bytes_per_s: float
 
 
-# Google Cloud's TPU pages and NVIDIA's datasheets.
+GBIT = 1e9 / 8  # bytes per second of 1 Gb/s
+# Google Cloud's TPU pages and NVIDIA's datasheets. The network: v5p 50
+# Gb/s of DCN a chip and v5e 2 x 100 Gb/s a host of 8 chips (Google
+# Cloud's pages); v4 and v6e, for which no per-chip figure is given,
+# assumed at v5e's 25 Gb/s a chip; H100 and H200 hosts 8 x 400 Gb/s
+# (one 400 Gb/s NIC a GPU, as the DGX and HGX systems are built).
+# Overridable: ``compile_at_size.py`` and ``plan.py`` take
+# ``--network_gbps`` (Gb/s a chip).
 CHIPS = {
-    'v4': Chip('TPU v4', 1228e9, 270e9),
-    'v5e': Chip('TPU v5 lite', 819e9, 200e9),
-    'v5p': Chip('TPU v5', 2765e9, 600e9),
-    'v6e': Chip('TPU v6 lite', 1640e9, 400e9),
-    'h100': Chip('NVIDIA H100 80GB HBM3', 3350e9, 450e9),
-    'h200': Chip('NVIDIA H200', 4800e9, 450e9),
+    'v4': Chip('TPU v4', 1228e9, 270e9, 25 * GBIT),
+    'v5e': Chip('TPU v5 lite', 819e9, 200e9, 25 * GBIT),
+    'v5p': Chip('TPU v5', 2765e9, 600e9, 50 * GBIT),
+    'v6e': Chip('TPU v6 lite', 1640e9, 400e9, 25 * GBIT),
+    'h100': Chip('NVIDIA H100 80GB HBM3', 3350e9, 450e9, 400 * GBIT),
+    'h200': Chip('NVIDIA H200', 4800e9, 450e9, 400 * GBIT),
 }
+
+
+def network_rate(t: 'Target', gbps: float | None = None) -> float:
+  """Bytes per second a chip of t moves over the network between hosts
+  or slices: ``gbps`` (Gb/s a chip) where given, else its chip's default
+  (``CHIPS``)."""
+  if gbps is not None:
+    if gbps <= 0:
+      raise UsageError(f'--network_gbps must be above 0, got {gbps}.')
+    return gbps * GBIT
+  return CHIPS[t.chip].network_bytes_per_s
 
 
 @dataclasses.dataclass(frozen=True)

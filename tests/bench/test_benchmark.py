@@ -95,12 +95,12 @@ def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
       row['model_tflops_per_s'] / row['matmul_tflops_per_s'])
   assert 'mfu' not in row  # no built-in peak for a CPU
   # The roofline's prediction beside the measurement (CPU host rates).
-  assert row['predicted_step_s'] > 0 and 0 < row['mfu_bound'] <= 1
+  assert row['predicted_step_s'] > 0 and 0 < row['predicted_mfu'] <= 1
   assert row['measured_over_predicted'] == pytest.approx(
       row['step_s'] / row['predicted_step_s'])
   printed = script_helpers.load_script('benchmark').table([row])
   for column in ('step_s=', 'predicted_step_s=', 'mfu_vs_matmul=',
-                 'mfu_bound=', 'measured_over_predicted='):
+                 'predicted_mfu=', 'measured_over_predicted='):
     assert column in printed
 
 

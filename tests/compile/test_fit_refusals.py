@@ -64,7 +64,7 @@ ROW = {'config': 'lm_7b', 'target': 'v5e-4', 'devices': 4,
        'eval_per_chip_bytes': 2 ** 30, 'decode_fits': False,
        'decode_per_chip_bytes': int(154.18 * 2 ** 30),
        'refused': {'decode': 'RESOURCE_EXHAUSTED: Ran out of memory on HBM'},
-       'compile_s': 1.0, 'mfu_bound': None, 'attention_kernel': 'splash'}
+       'compile_s': 1.0, 'predicted_mfu': None, 'attention_kernel': 'splash'}
 
 
 @pytest.mark.parametrize('change, sentence', [

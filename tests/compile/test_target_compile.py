@@ -169,7 +169,7 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
   assert row['attention_kernels_in_hlo'] == ['pallas']
   # Data parallel over 4 chips: the gradients are all-reduced.
   assert row['collective_bytes']['all-reduce'] > 0
-  assert 0 < row['mfu_bound'] <= 1
+  assert 0 < row['predicted_mfu'] <= 1
   # The KV-cached decode compiled too.
   assert row['decode_compile_s'] > 0 and row['decode_per_chip_bytes'] > 0
   for key in ('config', 'target', 'estimate_bytes', 'compile_s'):
@@ -249,6 +249,12 @@ def test_two_slices_compile_with_the_data_axis_across_them():
   # crosses between the slices.
   assert row['mesh_spans'] == {'data': 2, 'fsdp': 1, 'tensor': 1}
   assert row['fits']
+  # The gradients' reduction over data crosses the slices and is priced
+  # at the data-center network's 25 Gb/s a chip, not the chips' links.
+  classes = row['link_classes']
+  assert classes['sync_cross'] + classes['async_cross'] > 0, classes
+  assert row['network_bytes_per_s'] == pytest.approx(25e9 / 8)
+  assert row['network_s'] > 0 and 0 < row['link_share'] <= 1
 
 
 @needs_tpu
@@ -276,6 +282,15 @@ def test_a_tiny_lm_compiles_for_two_h100_hosts_with_fsdp_across_them():
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['devices'] == 16 and row['fits']
   assert row['mesh_spans'] == {'data': 1, 'fsdp': 2, 'tensor': 1}
+  # FSDP over both hosts: its gathers and reductions cross them, priced
+  # at the network's 8 x 400 Gb/s a host (50 GB/s a GPU), a ninth of
+  # NVLink's 450 GB/s; --network_gbps sets another rate.
+  classes = row['link_classes']
+  assert classes['sync_cross'] + classes['async_cross'] > 0, classes
+  assert row['network_bytes_per_s'] == pytest.approx(50e9)
+  crossing = classes['sync_cross'] + classes['async_cross']
+  assert row['network_s'] == pytest.approx(crossing / 50e9)
+  assert row['cost_version'] == 9
 
 
 @needs_gpu
@@ -344,17 +359,18 @@ def test_the_table_script_writes_rows_and_errors_as_the_docs_table():
          'mesh': {'data': 1, 'fsdp': 64, 'tensor': 1}, 'batch_size': 512,
          'seq_len': 2048, 'per_chip_bytes': 63.2e9, 'estimate_bytes': 53.5e9,
          'chip_memory_bytes': 102.0e9, 'fits': True, 'over_by_bytes': 0,
-         'compile_s': 97.4, 'mfu_bound': 1.0, 'attention_kernel': 'splash',
-         'largest_batch': 896}
+         'compile_s': 97.4, 'predicted_mfu': 0.8, 'attention_kernel': 'splash',
+         'largest_batch': 896, 'link_share': 0.03, 'cost_version': 9}
   failed = {'config': 'wmt_base', 'target': 'h100-8',
             'error': 'no compile within 1800 s'}
   row.update(collective_bytes={'all-reduce': 3.0e9, 'all-gather': 0.2e9},
              compute_bound_s=0.3, hbm_bound_s=0.1, link_bound_s=0.01,
              xla_options='XLA overlap: lhs, ag (LIBTPU_INIT_ARGS)')
   lines = table.markdown([row, failed]).splitlines()
+  assert 'predicted MFU, cost version 9 (limited by; links)' in lines[0]
   assert lines[2] == ('| `lm_7b` | `v5p-128` | shipped | fsdp 64 | 512 x '
                       '2048 | 63.2 of 102.0 GB | yes | 896 | 0.85x | 97 s '
-                      '| 3.2 GB | 100% (compute) | splash | on |')
+                      '| 3.2 GB | 80% (compute; 3%) | splash | on |')
   # A failure is a line under the table, never a cell.
   assert len(lines) == 5 and lines[3] == ''
   assert lines[4] == ('- `wmt_base` on `h100-8` did not compile: no compile '

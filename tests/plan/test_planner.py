@@ -82,7 +82,7 @@ def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
   for r in rows:
     assert r['status'] == 'compiled' and r['fits']
     assert r['per_chip_bytes'] > 0 and r['compile_s'] > 0
-    assert r['predicted_step_s'] > 0 and 0 < r['mfu_bound'] < 1
+    assert r['predicted_step_s'] > 0 and 0 < r['predicted_mfu'] < 1
   assert [r['rank'] for r in rows] == [1, 2]
   times = [r['predicted_step_s'] for r in rows]
   assert all(a <= b * 1.005 for a, b in zip(times, times[1:]))  # ties: 0.5%

@@ -32,7 +32,7 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
   assert len(shipped) == 1 and shipped[0]['status'] == 'compiled'
   compiled = [r for r in rows if r['status'] == 'compiled']
   for r in compiled:
-    for key in ('fits', 'per_chip_bytes', 'predicted_step_s', 'mfu_bound',
+    for key in ('fits', 'per_chip_bytes', 'predicted_step_s', 'predicted_mfu',
                 'compile_s', 'data', 'fsdp', 'tensor', 'remat',
                 'param_dtype', 'loss_chunk_size', 'batch_size',
                 'grad_accum_steps'):
