@@ -10,8 +10,10 @@ compiled by that accelerator's own compiler for its devices (TPU slices,
 ``--slices N`` of them, or an 8-GPU host), without the hardware; one JSON
 row (``jax_transformer/compile/report.py``): per-chip memory against
 the chip's, compile times of the train and eval steps, XLA's cost figures,
-collective bytes, the attention kernel, and a roofline bound on step time
-and MFU (the planner's step-time model, ``compile/step_model.py``).
+collective bytes, the attention kernel, and the predicted step time and
+MFU (the planner's step-time model, ``compile/step_model.py``; the
+network between hosts or slices at ``--network_gbps`` a chip, or the
+chip's default).
 ``--serialize PATH`` writes the compiled train step. Targets:
 ``jax_transformer/runtime/targets.py``.
 

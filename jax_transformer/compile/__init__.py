@@ -6,7 +6,7 @@ planner).
 devices: ``lower_train``), ``report`` (the train, eval and decode steps
 compiled by a target's compiler, and what it says), ``hlo_stats`` (what
 an optimized HLO module says, counted per step), ``step_model`` (a train
-step's time and MFU bound from its executable: the one model the target
+step's predicted time and MFU from its executable: the one model the target
 report and the planner share), ``topology`` (a target's compile-only
 devices), ``prove`` (the CPU size and depth proofs),
 ``flags`` (the command-line flags of compiling for a target, defined

@@ -1,14 +1,15 @@
 """A run's steps compiled by an accelerator's own compiler from a CPU
 host, and what that compiler says: memory per chip against the chip's,
-compile time, cost, collective bytes, the attention kernel, and a
-roofline bound on step time and MFU.
+compile time, cost, collective bytes, the attention kernel, and the
+step model's prediction of step time and MFU.
 
-The roofline is the planner's step-time model (``step_model.py``) of the
-compiled train step: compute, HBM and link seconds per chip, the longest
-of them the step's time on an accelerator, and the MFU bound the model's
-FLOPs at peak over that. XLA's ``cost_analysis()`` counts a loop body
-once; the model scales its FLOPs and bytes to the step by the HLO's own
-counts per loop trip (``hlo_stats``).
+The prediction is the planner's step-time model (``step_model.py``) of
+the compiled train step: compute, HBM and link seconds per chip, what of
+them no overlap hides, the step's predicted time on an accelerator, and
+the model's FLOPs at peak over that (``predicted_mfu``: a prediction, not
+a bound). XLA's ``cost_analysis()`` counts a loop body once; the model
+scales its FLOPs and bytes to the step by the HLO's own counts per loop
+trip (``hlo_stats``).
 """
 
 from __future__ import annotations

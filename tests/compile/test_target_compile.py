@@ -452,6 +452,7 @@ def test_the_largest_batch_comes_from_two_compiles(monkeypatch):
     (['--train_only'], '--train_only narrows a --target compile'),
     (['--slices', '2'], '--slices needs --target NAME.'),
     (['--serialize', 'step.bin'], '--serialize writes a --target compile'),
+    (['--network_gbps', '100'], '--network_gbps prices a --target compile'),
 ])
 def test_target_flags_without_a_target_are_one_sentence(args, says, capsys):
   script = script_helpers.load_script('compile_at_size')
