@@ -18,6 +18,7 @@ unknown preset, a misspelt field, a value of the wrong type.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
 import importlib.util
@@ -31,6 +32,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 
 # Bad input, as argparse and absl report it.
@@ -177,10 +179,13 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     cfg = get_config(*args)
   except ValueError as e:  # the config's own refusal, e.g. an unknown preset
     raise UsageError(f'--config {spec}: {one_line(e)}') from None
+  if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+    # An Experiment: the command line overrides its ConfigDict form.
+    return fields.to_config_dict(cfg)
   if not isinstance(cfg, ml_collections.ConfigDict):
     raise UsageError(f'--config {spec}: get_config() returned a '
-                     f'{type(cfg).__name__}, not an ml_collections '
-                     'ConfigDict.')
+                     f'{type(cfg).__name__}, not an Experiment or an '
+                     'ml_collections ConfigDict.')
   return cfg
 
 

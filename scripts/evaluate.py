@@ -108,9 +108,7 @@ def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
   from jax_transformer.train import evaluation, steps  # pylint: disable=g-import-not-at-top
-  cfg = wd.config
-  cfg.unlock()
-  cfg.eval_batch_size = args.batch_size
+  cfg = wd.config.replace(eval_batch_size=args.batch_size)
   eval_step = jax.jit(steps.make_eval_step(wd.setup.model_def))
   metrics = evaluation.loss_metrics(eval_step, params, cfg, wd.tokenizer,
                                     mesh, split, count_text=True,

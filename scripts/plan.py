@@ -93,7 +93,7 @@ def global_batch(cfg, values) -> int:
                        f'less than one row of seq_len {cfg.seq_len}.')
     return values.tokens_per_step // cfg.seq_len
   rows = values.global_batch or (
-      cfg.batch_size * int(cfg.optim.get('grad_accum_steps', 1)))
+      cfg.batch_size * cfg.optim.grad_accum_steps)
   if rows < 1:
     raise UsageError(f'--global_batch must be 1 or more, got {rows}.')
   return rows

@@ -153,7 +153,7 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace, Any]:
                     with_config=True)
   if args.data_dir:
     cfg.data.data_dir = args.data_dir
-  return datasets.prepare_for(cfg.data, seq_len=cfg.get('seq_len'),
+  return datasets.prepare_for(cfg.data, seq_len=cfg.seq_len,
                               workers=args.workers), args, cfg
 
 
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
   report_speed(prepared, source)
   print(f'train tokens per example: '
         f'{describe_lengths(spec, source, prepared.tokenizer)}')
-  if cfg is not None and not cfg.data.get('mixture'):
+  if cfg is not None and not cfg.data.mixture:
     check_rows(cfg, prepared)
   show_examples(spec, source, prepared.tokenizer, args.num_examples)
   return 0

@@ -285,14 +285,14 @@ def final_state(workdir: str, step: int):
 
   from jax_transformer import data  # pylint: disable=g-import-not-at-top
   from jax_transformer.runtime import workdir as workdir_lib
-  from jax_transformer.train import checkpoint, experiment
+  from jax_transformer.train import checkpoint, model_setup
   cfg = checkpoint.load_config(workdir)
   vocab = data.load_tokenizer(
       os.path.join(workdir, workdir_lib.TOKENIZER_DIR)).vocab_size
   one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
-      experiment.setup(cfg, vocab).abstract_state(cfg.seed))
+      model_setup.build(cfg, vocab).abstract_state(cfg.seed))
   saver = checkpoint.Checkpointer(workdir, async_save=False)
   try:
     if saver.latest_step() != step:

@@ -43,7 +43,7 @@ from jax_transformer.compile import step_model
 from jax_transformer.model.config import gpt2_small, transformer_base
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.model.params import split
-from jax_transformer.train import experiment, perf
+from jax_transformer.train import model_setup, perf
 from jax_transformer.train import steps as steps_lib
 
 _350M = dict(d_model=1024, num_heads=16, num_decoder_layers=24, d_ff=4096)
@@ -89,7 +89,7 @@ def measure(name: str, steps: int, seconds: float) -> dict:
               tgt_len=item['seq'])
   model_def, params = split(cls(config, nnx.Rngs(0)))
   tx = optax.adamw(1e-4)
-  state = experiment.train_state(params, tx)
+  state = model_setup.train_state(params, tx)
   batch = jax.device_put(make_batch(case))
   step = steps_lib.make_train_step(
       model_def, tx, packed=item.get('packed', True),

@@ -34,7 +34,7 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.data.pipeline import stream_tokens
 from jax_transformer.errors import UsageError
-from jax_transformer.train import checks
+from jax_transformer.train.experiment import Experiment
 
 STEPS = 600
 EVAL_EVERY = 100
@@ -76,8 +76,8 @@ def write_bytes(workdir: str) -> int:
     tokens = stream_tokens(data.load_source(cfg.data.name, split), spec,
                            prepared.tokenizer)
     tokens.astype(np.uint16).tofile(os.path.join(workdir, f'{name}.bin'))
-  vocab = checks.model_config(cfg, prepared.tokenizer.vocab_size
-                                  ).vocab_size
+  vocab = Experiment.of(cfg).model_config(prepared.tokenizer.vocab_size
+                                         ).vocab_size
   with open(os.path.join(workdir, 'meta.pkl'), 'wb') as f:
     pickle.dump({'vocab_size': vocab}, f)
   return vocab

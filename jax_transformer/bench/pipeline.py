@@ -28,7 +28,8 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.data import token_store
 from jax_transformer.model.config import transformer_base
-from jax_transformer.train import checks, perf
+from jax_transformer.train import perf
+from jax_transformer.train.experiment import Experiment
 
 PEAKS = {'NVIDIA H200': 989e12, 'TPU v5p': 459e12}
 MFU = 0.4
@@ -46,7 +47,7 @@ def shapes() -> dict[str, dict]:
       'gpt2_small': dict(
           dataset='lm1b', features=('text',), cfg={'pack': True},
           lengths=(5, 50), batch=gpt2.batch_size, seq=gpt2.seq_len,
-          model=checks.model_config(gpt2, 32768), src_len=0),
+          model=Experiment.of(gpt2).model_config(32768), src_len=0),
   }
 
 

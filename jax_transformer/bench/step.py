@@ -34,7 +34,7 @@ from jax_transformer.interop import torch_compat
 from jax_transformer.model.config import gpt2_small, transformer_base
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.model.params import split
-from jax_transformer.train import experiment, perf, steps
+from jax_transformer.train import model_setup, perf, steps
 
 LR = 1e-4
 
@@ -91,7 +91,7 @@ def jax_side(case: dict[str, Any], with_train: bool = True):
   model = cls(config, nnx.Rngs(0))
   model_def, params = split(model)
   tx = optimizer(case)
-  state = experiment.train_state(params, tx)
+  state = model_setup.train_state(params, tx)
   batch = jax.device_put(make_batch(case))
   train = jax.jit(steps.make_train_step(model_def, tx), donate_argnums=0)
   evaluate = jax.jit(steps.make_eval_step(model_def))

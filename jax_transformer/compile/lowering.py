@@ -15,22 +15,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from jax_transformer.data import batching, files
 from jax_transformer.model import attention, sharding
-from jax_transformer.train import checks, experiment, memory, steps
+from jax_transformer.train import memory, model_setup, run_plan
+from jax_transformer.train.experiment import Experiment
 
 
-def abstract_batch(cfg: ml_collections.ConfigDict,
+def abstract_batch(cfg: Experiment,
                    mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes and shardings of one global batch of this config (with a
   loss_mask where the run reads instruction data)."""
+  cfg = Experiment.of(cfg)
   if cfg.model_kind == 'decoder_lm':
     layout = (batching.instruction_layout(cfg.seq_len)
               if _reads_instructions(cfg) else batching.lm_layout(cfg.seq_len))
   else:
-    layout = batching.translation_layout(experiment.source_len(cfg),
+    layout = batching.translation_layout(cfg.source_len,
                                          cfg.seq_len)
   placed = sharding.batch_sharding(mesh)
   return {key: jax.ShapeDtypeStruct((cfg.batch_size, group.length),
@@ -40,10 +41,10 @@ def abstract_batch(cfg: ml_collections.ConfigDict,
                       group.position_key)}
 
 
-def _reads_instructions(cfg: ml_collections.ConfigDict) -> bool:
+def _reads_instructions(cfg: Experiment) -> bool:
   """data.direction=prompt-completion: from the config alone, since the
   files a run reads need not be on the host that compiles for it."""
-  direction = cfg.data.get('direction')
+  direction = cfg.data.direction
   return (isinstance(direction, str)
           and files.is_instruction(direction.split('-')))
 
@@ -62,33 +63,45 @@ class TrainLowering:
   report needs of the run."""
   lowered: jax.stages.Lowered
   lower_s: float
-  setup: experiment.Setup
-  mesh: jax.sharding.Mesh
-  shardings: dict[str, Any]
-  state: dict[str, Any]          # ShapeDtypeStructs with shardings
-  batch: dict[str, Any]
-  estimate: memory.Footprint
+  plan: run_plan.RunPlan
+  batch: dict[str, Any]          # ShapeDtypeStructs with shardings
+
+  @property
+  def setup(self) -> model_setup.Setup:
+    return self.plan.setup
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self.plan.mesh
+
+  @property
+  def shardings(self) -> dict[str, Any]:
+    return self.plan.shardings
+
+  @property
+  def state(self) -> dict[str, Any]:
+    """The abstract train state with its shardings."""
+    return self.plan.sharded_state
+
+  @property
+  def estimate(self) -> memory.Footprint:
+    return self.plan.estimate
 
 
-def lower_train(cfg: ml_collections.ConfigDict, devices: list,
+def lower_train(cfg: Experiment, devices: list,
                 platform: str, vocab_size: int = 32768,
-                setup: experiment.Setup | None = None) -> TrainLowering:
+                setup: model_setup.Setup | None = None) -> TrainLowering:
   """cfg's train step lowered on a mesh of devices for platform ('tpu',
   'gpu' or 'cpu'), and the pre-flight estimate (``setup`` reuses one
   built for cfg's model and optimizer)."""
-  checks.check_run_fields(cfg)
-  mesh = sharding.make_mesh(cfg.mesh, devices)
+  cfg = Experiment.of(cfg)
+  cfg.check()
+  mesh = cfg.mesh.make(devices)
   sharding.check_batch(cfg.batch_size, mesh)
-  setup = setup or experiment.setup(cfg, vocab_size)
-  abstract_state = setup.abstract_state(cfg.seed)
-  shardings, _ = steps.state_shardings(setup, mesh, abstract_state)
-  state = steps.sharded_abstract(abstract_state, shardings)
-  batch = abstract_batch(cfg, mesh)
   with attention.compiling_for(platform):  # 'auto' as the target picks
-    estimate = memory.estimate(cfg, setup.model_config, abstract_state,
-                               shardings, mesh)
+    plan = run_plan.build(cfg, mesh, vocab_size, setup)
+  batch = abstract_batch(cfg, mesh)
   start = time.perf_counter()
-  lowered = lower(steps.jit_train_step(cfg, setup, mesh, shardings),
-                  (state, batch), mesh, platform)
-  return TrainLowering(lowered, time.perf_counter() - start, setup, mesh,
-                       shardings, state, batch, estimate)
+  lowered = lower(plan.train_step(), (plan.sharded_state, batch), mesh,
+                  platform)
+  return TrainLowering(lowered, time.perf_counter() - start, plan, batch)

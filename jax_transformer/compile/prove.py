@@ -13,11 +13,11 @@ import dataclasses
 import time
 
 import jax
-import ml_collections
 
 from jax_transformer.compile import lowering
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory
+from jax_transformer.train.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +31,12 @@ class Proof:
   xla: memory.Compiled | None     # XLA's figure, per device
 
 
-def prove(cfg: ml_collections.ConfigDict, vocab_size: int,
+def prove(cfg: Experiment, vocab_size: int,
           devices=None) -> Proof:
   """Lowers and compiles cfg's train step on a mesh of ``devices`` (default
   all), with vocab_size standing in for the tokenizer's. Nothing is
   allocated on the devices."""
+  cfg = Experiment.of(cfg)
   devices = list(devices or jax.devices())
   run = lowering.lower_train(
       cfg, devices, targets.kernel_platform(devices[0].platform), vocab_size)

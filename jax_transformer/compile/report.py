@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 from jax.experimental import serialize_executable
 from jax.sharding import NamedSharding, PartitionSpec
@@ -32,7 +31,8 @@ from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets, xla_options
-from jax_transformer.train import experiment, memory, perf, steps
+from jax_transformer.train import memory, perf
+from jax_transformer.train.experiment import Experiment
 
 # A TPU step over HBM fails to compile with, e.g., "the total memory
 # required for HLO temporaries (20.81G) exceeds available HBM (15.75G)" or
@@ -86,7 +86,7 @@ def _compile(jitted, args, mesh, platform: str) -> StepCompile:
   return compile_lowered(lowered, time.perf_counter() - start)
 
 
-def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
+def compile_steps(cfg: Experiment, devices: list,
                   platform: str, vocab_size: int = 32768,
                   train_only: bool = False
                   ) -> tuple[StepCompile, StepCompile | None, dict]:
@@ -94,6 +94,7 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
   facts of the run for the report (setup, the pre-flight estimate, the
   mesh). ``train_only``: the train step alone (evaluation and the decode
   None)."""
+  cfg = Experiment.of(cfg)
   run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
@@ -101,19 +102,19 @@ def compile_steps(cfg: ml_collections.ConfigDict, devices: list,
            'estimate': run.estimate}
   if train_only:
     return train, None, facts
-  eval_step = steps.jit_eval_step(cfg, setup, mesh, shardings)
-  evaluation = _compile(eval_step, (run.state['params'], run.batch), mesh,
+  evaluation = _compile(run.plan.eval_step(), (run.state['params'], run.batch), mesh,
                         platform)
   facts['decode'] = compile_decode(cfg, setup, mesh, shardings['params'],
                                    platform)
   return train, evaluation, facts
 
 
-def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
+def compile_decode(cfg: Experiment, setup, mesh,
                    param_shardings, platform: str) -> StepCompile:
   """The whole KV-cached greedy decode (``decoding.loop.generate_jit``) of
   eval_batch_size rows: an LM continues seq_len / 2 prompt tokens to
   seq_len; a translation model decodes seq_len tokens from src_len."""
+  cfg = Experiment.of(cfg)
   params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                     sharding=param_shardings[k])
             for k, v in setup.abstract_params.items()}
@@ -126,7 +127,7 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
   def ids(length, dtype=jnp.int32):
     return jax.ShapeDtypeStruct((rows, length), dtype, sharding=by_row)
   if setup.model_config.num_encoder_layers:
-    source = experiment.source_len(cfg)
+    source = cfg.source_len
     given = inputs.Inputs(ids(1), ids(1, jnp.bool_), ids(source),
                           ids(source, jnp.bool_))
     new_tokens = cfg.seq_len - 1
@@ -147,16 +148,17 @@ def compile_decode(cfg: ml_collections.ConfigDict, setup, mesh,
   return compile_lowered(lowered, time.perf_counter() - start)
 
 
-def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
+def roofline(train: StepCompile, cfg: Experiment, setup,
              rates: step_model.Rates, chips: int,
              islands: list[int] | None = None) -> dict[str, Any]:
   """The step model's prediction of the step's time from compute, HBM and
   links at rates (the network's between islands: ``step_model.islands``),
   and the MFU it predicts (``step_model.figures``: the planner's figures
   for the same executable)."""
+  cfg = Experiment.of(cfg)
   mc = setup.model_config
   model_flops = perf.step_flops(mc, cfg.batch_size,
-                                experiment.source_len(cfg),
+                                cfg.source_len,
                                 cfg.seq_len)['train']
   row = {'model_flops_per_step': model_flops,
          'compute_bound_s': model_flops / chips / rates.peak_flops}
@@ -185,7 +187,7 @@ def roofline(train: StepCompile, cfg: ml_collections.ConfigDict, setup,
   return row
 
 
-def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
+def report(cfg: Experiment, spec: str, target_name: str,
            slices: int = 1, serialize: str | None = None,
            train_only: bool = False,
            network_bytes_per_s: float | None = None) -> dict[str, Any]:
@@ -193,6 +195,7 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
   (``train_only``: the train step alone, the row without eval_* and
   decode_* fields; ``network_bytes_per_s``: the network's rate a chip
   between hosts or slices, the chip's default where None)."""
+  cfg = Experiment.of(cfg)
   target = targets.target(target_name)
   devices = target_devices(target, slices)
   platform = target.kernel_platform
@@ -205,8 +208,8 @@ def report(cfg: ml_collections.ConfigDict, spec: str, target_name: str,
     if 'cudnn' not in str(err).lower():
       raise
     # cuDNN's fused attention compiles only with cuDNN's library at hand.
-    cfg = cfg.copy_and_resolve_references()
-    cfg.model.attention_implementation = 'xla'
+    cfg = Experiment.of(cfg).replace(
+        **{'model.attention_implementation': 'xla'})
     kernel_note = ("cudnn (auto) did not compile here: cuDNN's library is "
                    "not installed (pip install -e '.[aot-gpu]'); compiled "
                    'with xla')
@@ -288,7 +291,7 @@ _STEPS = (('train', 'fits', 'per_chip_bytes', 'to train'),
           ('decode', 'decode_fits', 'decode_per_chip_bytes', 'to decode'))
 
 
-def check_fits(cfg: ml_collections.ConfigDict, spec: str,
+def check_fits(cfg: Experiment, spec: str,
                target_name: str, slices: int = 1) -> dict[str, Any]:
   """report(), then UsageError in one sentence when the run's train step,
   eval step or decode does not fit a chip, by the compiler's figures or

@@ -62,14 +62,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.compile import hlo_stats
 from jax_transformer.model import sharding
 from jax_transformer.runtime import targets
-from jax_transformer.train import experiment, memory, perf
+from jax_transformer.train import memory, perf
+from jax_transformer.train.experiment import Experiment
 
 ATTENTION_KERNEL_TRAIN = 3.5  # x forward attention FLOPs in a fused kernel
 # The step model's version: part of the planner's cache key, and named in
@@ -235,25 +235,28 @@ class StepCost:
     return dataclasses.asdict(self)
 
 
-def grad_accum_steps(cfg: ml_collections.ConfigDict) -> int:
+def grad_accum_steps(cfg: Experiment) -> int:
   """Train steps (micro-batches of batch_size rows) an update."""
-  return int(cfg.optim.get('grad_accum_steps', 1) or 1)
+  cfg = Experiment.of(cfg)
+  return cfg.optim.grad_accum_steps
 
 
-def update_flops(cfg: ml_collections.ConfigDict, model_config) -> float:
+def update_flops(cfg: Experiment, model_config) -> float:
   """The model's FLOPs of one optimizer update of cfg (batch_size x
   grad_accum_steps rows), all chips together."""
+  cfg = Experiment.of(cfg)
   return perf.step_flops(model_config,
                          cfg.batch_size * grad_accum_steps(cfg),
-                         experiment.source_len(cfg), cfg.seq_len)['train']
+                         cfg.source_len, cfg.seq_len)['train']
 
 
-def kernel_flops(cfg: ml_collections.ConfigDict, model_config,
+def kernel_flops(cfg: Experiment, model_config,
                  chips: int) -> float:
   """FLOPs per chip of one train step that a fused attention kernel hides
   from XLA (counted toward the step where the HLO calls one)."""
+  cfg = Experiment.of(cfg)
   return ATTENTION_KERNEL_TRAIN * perf.attention_flops(
-      model_config, cfg.batch_size, experiment.source_len(cfg),
+      model_config, cfg.batch_size, cfg.source_len,
       cfg.seq_len) / chips
 
 
@@ -303,12 +306,13 @@ def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
           'predicted_mfu': ideal / update}
 
 
-def figures(compiled, cfg: ml_collections.ConfigDict, model_config,
+def figures(compiled, cfg: Experiment, model_config,
             rates: Rates, chips: int, islands: list[int] | None = None
             ) -> tuple[StepCost, dict[str, float]]:
   """cfg's compiled train step (batch_size rows on ``chips`` chips, over
   ``islands``) through the model: its cost, and ``predict``'s figures for
   an update."""
+  cfg = Experiment.of(cfg)
   cost = StepCost.of(compiled, kernel_flops(cfg, model_config, chips),
                      islands)
   return cost, predict(cost, rates, grad_accum_steps(cfg),

@@ -24,6 +24,7 @@ from jax_transformer.data.batching import (
                                            translation_layout,
                                            translation_source,
 )
+from jax_transformer.data.config import DataConfig
 from jax_transformer.data.datasets import (
                                            DATASETS,
                                            DatasetSpec,
@@ -36,7 +37,6 @@ from jax_transformer.data.datasets import (
                                            spec_for,
 )
 from jax_transformer.data.pipeline import (
-                                           DataConfig,
                                            global_batch,
                                            initial_state,
                                            make_dataset,

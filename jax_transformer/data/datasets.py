@@ -52,6 +52,7 @@ import tensorflow_datasets as tfds
 
 from jax_transformer.data import builders, files, hf_datasets, token_store
 from jax_transformer.data import tokenizers as tok
+from jax_transformer.data.config import DataConfig
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError, first_line
 
@@ -141,22 +142,13 @@ LM_MODES = ('stream', 'examples')
 TASKS = ('lm', 'translation')
 
 
-def _fields(data_cfg: Any) -> dict[str, Any]:
-  """A data config (name, dict, ConfigDict or pipeline.DataConfig) as a
-  dict of its set fields."""
-  if isinstance(data_cfg, str):
-    return {'name': data_cfg}
-  if dataclasses.is_dataclass(data_cfg):
-    return dataclasses.asdict(data_cfg)
-  if hasattr(data_cfg, 'to_dict'):
-    return data_cfg.to_dict()
-  if isinstance(data_cfg, Mapping):
-    return dict(data_cfg)
-  raise TypeError(f'Cannot read a data config from {type(data_cfg).__name__}')
+def _fields(data_cfg: Any) -> DataConfig:
+  """A data config (name, dict, ConfigDict or DataConfig) as a DataConfig."""
+  return DataConfig.of(data_cfg)
 
 
-def _choice(fields, name: str, choices: tuple[str, ...]):
-  value = fields.get(name)
+def _choice(d: DataConfig, name: str, choices: tuple[str, ...]):
+  value = getattr(d, name)
   if value is not None and value not in choices:
     raise UsageError(f'config.data.{name} must be one of {choices}, got '
                      f'{value!r}.')
@@ -172,12 +164,12 @@ def spec_for(data_cfg: Any) -> DatasetSpec:
   fingerprints the files (so a changed corpus gets another name).
   """
   d = _fields(data_cfg)
-  name = d.get('name')
+  name = d.name
   if not isinstance(name, str) or not name:
     raise UsageError(f'config.data.name must name a dataset, got {name!r}.')
   task = _choice(d, 'task', TASKS)
   lm_mode = _choice(d, 'lm_mode', LM_MODES)
-  text_key = d.get('text_key')
+  text_key = d.text_key
   if text_key is not None and (not isinstance(text_key, str) or not text_key):
     raise UsageError('config.data.text_key must be a feature name, got '
                      f'{text_key!r}.')
@@ -186,8 +178,8 @@ def spec_for(data_cfg: Any) -> DatasetSpec:
   base = DATASETS.get(name) or DATASETS.get(name.split(':')[0])
   if base is not None:
     return dataclasses.replace(base, name=name, **overrides)
-  task = task or ('translation' if d.get('direction') else 'lm')
-  languages = _languages(d.get('direction'), task)
+  task = task or ('translation' if d.direction else 'lm')
+  languages = _languages(d.direction, task)
   if name == files.NAME:
     return _files_spec(d, task, text_key or 'text', languages,
                        lm_mode or 'stream')
@@ -219,19 +211,19 @@ def _languages(direction: Any, task: str) -> tuple[str, ...]:
 
 def _files_spec(d, task, text_key, languages, lm_mode) -> DatasetSpec:
   keys = languages if task == 'translation' else (text_key,)
-  fraction = d.get('eval_fraction')
+  fraction = d.eval_fraction
   fraction = files.DEFAULT_EVAL_FRACTION if fraction is None else fraction
   if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
       or not 0 < fraction < 1):
     raise UsageError('config.data.eval_fraction must be a number between 0 '
                      f'and 1 (the share held out), got {fraction!r}.')
-  if not d.get('train_files'):
+  if not d.train_files:
     raise UsageError("config.data.name='files' reads "
                      'config.data.train_files: set it to a glob of your '
                      'files (.txt, .jsonl, .parquet, .tsv).')
-  train = files.expand(d['train_files'], 'train_files')
-  evaluation = (files.expand(d['eval_files'], 'eval_files')
-                if d.get('eval_files') else [])
+  train = files.expand(d.train_files, 'train_files')
+  evaluation = (files.expand(d.eval_files, 'eval_files')
+                if d.eval_files else [])
   for path in train + evaluation:
     files.file_kind(path)
   fp = files.fingerprint(task, keys, train, evaluation, float(fraction))
@@ -388,16 +380,16 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   d = _fields(data_cfg)
   spec = spec_for(d)
   given = given_tokenizer(d)
-  splits = tuple(dict.fromkeys((d.get('train_split') or 'train',
-                                d.get('eval_split') or 'validation')))
+  splits = tuple(dict.fromkeys((d.train_split or 'train',
+                                d.eval_split or 'validation')))
   prepared = _prepare(
-      spec, d.get('data_dir'), given=given,
-      given_dir=d.get('tokenizer_path'), tokenizer=d.get('tokenizer'),
-      vocab_size=d.get('vocab_size'),
-      model_type=d.get('spm_model_type') or 'unigram',
-      builder_kwargs=d.get('builder_kwargs'), splits=splits,
+      spec, d.data_dir, given=given,
+      given_dir=d.tokenizer_path, tokenizer=d.tokenizer,
+      vocab_size=d.vocab_size,
+      model_type=d.spm_model_type or 'unigram',
+      builder_kwargs=d.builder_kwargs, splits=splits,
       train_split=splits[0], refuse_other_tokenizer=refuse_other_tokenizer,
-      workers=workers or d.get('prepare_workers'))
+      workers=workers or d.prepare_workers)
   for split in splits:
     _check_split(prepared, split, seq_len)
   return prepared
@@ -413,14 +405,14 @@ def prepare_alongside(data_cfg: Any, prepared: PreparedData,
   in one sentence, as ``prepare_for`` does."""
   d = _fields(data_cfg)
   spec = spec_for(d)
-  data_dir = d.get('data_dir') or default_data_dir()
-  _check_features(spec, _build_spec(spec, data_dir, d.get('builder_kwargs')))
+  data_dir = d.data_dir or default_data_dir()
+  _check_features(spec, _build_spec(spec, data_dir, d.builder_kwargs))
   here = dataclasses.replace(prepared, spec=spec, data_dir=data_dir)
   for split in dict.fromkeys(splits):
     token_store.open_or_build(
         data_dir, spec.home, split, prepared.tokenizer, spec.text_features,
         functools.partial(load_source, spec, split, data_dir),
-        workers=workers or d.get('prepare_workers'))
+        workers=workers or d.prepare_workers)
     _check_split(here, split, seq_len)
 
 
@@ -430,7 +422,7 @@ def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
   one sentence a path that is no tokenizer, and a ``data.tokenizer`` or
   ``data.vocab_size`` that says otherwise than the tokenizer."""
   d = _fields(data_cfg)
-  path = d.get('tokenizer_path')
+  path = d.tokenizer_path
   if path is None:
     return None
   if not isinstance(path, str) or not path:
@@ -440,13 +432,13 @@ def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
   tokenizer = tok.from_path(path)
   # Unset: None, or on the command line '' and 0 (a recipe's value cannot
   # be set back to None there).
-  kind = d.get('tokenizer')
+  kind = d.tokenizer
   if kind and kind != tokenizer.kind:
     raise UsageError(
         f'config.data.tokenizer={kind!r} trains a tokenizer on the corpus '
         f'but config.data.tokenizer_path={path} gives a {tokenizer.kind} '
         'one; unset it (--config.data.tokenizer=).')
-  size = d.get('vocab_size')
+  size = d.vocab_size
   if size and size != tokenizer.vocab_size:
     raise UsageError(
         f'config.data.vocab_size={size} but the tokenizer of '

@@ -74,12 +74,12 @@ def is_huggingface(name: str) -> bool:
   return name == PREFIX or name.startswith(PREFIX + ':')
 
 
-def spec_fields(name: str, fields: dict[str, Any], keys: Sequence[str]
+def spec_fields(name: str, data_cfg: Any, keys: Sequence[str]
                 ) -> tuple[str, tuple]:
   """(the TFDS name it is read under, what to build it from) for
   ``data.name`` ``'huggingface:OWNER/NAME'`` or ``'huggingface'`` with
   ``data.hf_path``; refuses a malformed one in one sentence."""
-  hf_path, hf_config = fields.get('hf_path'), fields.get('hf_config')
+  hf_path, hf_config = data_cfg.hf_path, data_cfg.hf_config
   if name == PREFIX:
     if not hf_path:
       raise UsageError(

@@ -40,6 +40,7 @@ import grain
 import numpy as np
 
 from jax_transformer.data import datasets
+from jax_transformer.data.config import DataConfig
 from jax_transformer.errors import UsageError
 
 # What a source may set (its dataset's fields, its weight and label).
@@ -56,33 +57,25 @@ class Source:
   """One source of a mixture: its label, weight and data config."""
   label: str
   weight: float
-  data: dict[str, Any]
+  data: DataConfig
 
   @property
   def train_split(self) -> str:
-    return self.data.get('train_split') or 'train'
+    return self.data.train_split
 
   @property
   def eval_split(self) -> str:
-    return self.data.get('eval_split') or 'validation'
-
-
-def _fields(data_cfg: Any) -> dict[str, Any]:
-  if hasattr(data_cfg, 'to_dict'):
-    return data_cfg.to_dict()
-  if isinstance(data_cfg, Mapping):
-    return dict(data_cfg)
-  return {}  # a dataset name or a DataConfig: no mixture
+    return self.data.eval_split
 
 
 def sources(data_cfg: Any) -> list[Source]:
-  """The sources of ``data_cfg['mixture']`` ([] without one), checked:
+  """The sources of ``data_cfg.mixture`` ([] without one), checked:
   refuses in one sentence a source that is not a dict with a name, a field
   a source cannot set, a weight that is not a positive number, two sources
   with one label, and sources of different tasks (the run's own dataset's
   task included)."""
-  run = _fields(data_cfg)
-  entries = run.get('mixture')
+  run = DataConfig.of(data_cfg)
+  entries = run.mixture
   if not entries:
     return []
   if isinstance(entries, (str, Mapping)) or not isinstance(entries,
@@ -93,40 +86,47 @@ def sources(data_cfg: Any) -> list[Source]:
   out = []
   for i, entry in enumerate(entries):
     where = f'config.data.mixture[{i}]'
-    if hasattr(entry, 'to_dict'):
-      entry = entry.to_dict()
-    if not isinstance(entry, Mapping) or not entry.get('name'):
-      raise UsageError(f'{where} must be a dict with a dataset name, such '
-                       f"as {{'name': 'shakespeare', 'weight': 1}}, got "
-                       f'{entry!r}.')
-    unknown = sorted(set(entry) - set(SOURCE_FIELDS))
-    if unknown:
-      raise UsageError(f'{where} has no field {unknown[0]!r}; a source sets '
-                       f'{", ".join(SOURCE_FIELDS)}.')
-    weight = entry.get('weight', 1)
-    if (isinstance(weight, bool) or not isinstance(weight, (int, float))
-        or not math.isfinite(weight) or weight <= 0):
-      raise UsageError(f'{where}.weight must be a positive number, got '
-                       f'{weight!r}.')
-    fields = {k: run.get(k) for k in INHERITED}
-    fields.update({k: v for k, v in entry.items()
-                   if k not in ('weight', 'label')})
-    label = entry.get('label') or entry['name']
-    if not isinstance(label, str):
-      raise UsageError(f'{where}.label must be a string, got {label!r}.')
-    if label in [s.label for s in out]:
+    source = _source(run, entry, where)
+    if source.label in [s.label for s in out]:
       raise UsageError(f'{where} and another source are both labelled '
-                       f"{label!r}; give one a 'label' of its own.")
-    out.append(Source(label, float(weight), fields))
+                       f"{source.label!r}; give one a 'label' of its own.")
+    out.append(source)
   run_task = datasets.spec_for(run).task
   for s in out:
     task = datasets.spec_for(s.data).task
     if task != run_task:
       raise UsageError(
           f'config.data.mixture mixes tasks: {s.label} is {task} and '
-          f'{run["name"]} (config.data.name) is {run_task}; every source '
+          f'{run.name} (config.data.name) is {run_task}; every source '
           'must be of the run\'s task.')
   return out
+
+
+def _source(run: DataConfig, entry: Any, where: str) -> Source:
+  """One entry of the mixture as a Source: the run's INHERITED fields,
+  then the entry's own."""
+  if hasattr(entry, 'to_dict'):
+    entry = entry.to_dict()
+  if not isinstance(entry, Mapping) or not entry.get('name'):
+    raise UsageError(f'{where} must be a dict with a dataset name, such '
+                     f"as {{'name': 'shakespeare', 'weight': 1}}, got "
+                     f'{entry!r}.')
+  unknown = sorted(set(entry) - set(SOURCE_FIELDS))
+  if unknown:
+    raise UsageError(f'{where} has no field {unknown[0]!r}; a source sets '
+                     f'{", ".join(SOURCE_FIELDS)}.')
+  weight = entry.get('weight', 1)
+  if (isinstance(weight, bool) or not isinstance(weight, (int, float))
+      or not math.isfinite(weight) or weight <= 0):
+    raise UsageError(f'{where}.weight must be a positive number, got '
+                     f'{weight!r}.')
+  label = entry.get('label') or entry['name']
+  if not isinstance(label, str):
+    raise UsageError(f'{where}.label must be a string, got {label!r}.')
+  own = {k: v for k, v in entry.items() if k not in ('weight', 'label')}
+  inherited = {k: getattr(run, k) for k in INHERITED}
+  return Source(label, float(weight),
+                DataConfig.of({**inherited, **own}))
 
 
 def check(data_cfg: Any) -> None:

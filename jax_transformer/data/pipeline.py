@@ -35,7 +35,6 @@ Properties:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +53,7 @@ from jax_transformer.data import (
   token_store,
   workers,
 )
+from jax_transformer.data.config import DataConfig
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
@@ -65,46 +65,6 @@ from jax_transformer.data.tokenizers import ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
 
 DIRECTIONS = ('en-de', 'de-en')
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-  """The data fields of an experiment config.
-
-  Attributes:
-    name: dataset name (``datasets.spec_for`` reads it with the other
-      data fields: pass the run's whole ``config.data`` where the dataset
-      is not a built-in).
-    data_dir: where ``prepare`` put it (None: the default data dir).
-    direction: translation only and required there: 'en-de' or 'de-en'
-      (source-target), so a model is never trained the wrong way round.
-    pack: pack several sequences per row (ignored for stream LM datasets,
-      which have no padding to remove).
-    src_len: source length S for translation (None: the same as seq_len).
-  """
-  name: str
-  data_dir: str | None = None
-  direction: str | None = None
-  pack: bool = False
-  src_len: int | None = None
-
-  @classmethod
-  def from_any(cls, cfg: Any) -> DataConfig:
-    """From a DataConfig, a dataset name, a dict or an ml_collections config.
-
-    Keys that are not fields (say the trainer's batch size) are ignored, so
-    an experiment's ``config.data`` can be passed as it is.
-    """
-    if isinstance(cfg, cls):
-      return cfg
-    if isinstance(cfg, str):
-      return cls(name=cfg)
-    if hasattr(cfg, 'to_dict'):
-      cfg = cfg.to_dict()
-    if not isinstance(cfg, Mapping):
-      raise TypeError(f'Cannot read a data config from {type(cfg).__name__}')
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in cfg.items() if k in names})
 
 
 def translation_keys(spec: DatasetSpec, direction: str | None
@@ -240,8 +200,9 @@ def _stored_example_fn(spec: DatasetSpec, cfg: DataConfig,
   if spec.task == 'lm':
     return lambda ex: batching.lm_example(ex[spec.text_key], bos, eos)
   if is_instruction(spec):
+    last_only = cfg.chat_train == 'last'
     return lambda ex: batching.instruction_example(
-        ex['prompt'], ex['completion'], bos, eos)
+        ex['prompt'], ex['completion'], bos, eos, last_only=last_only)
   src_key, tgt_key = translation_keys(spec, cfg.direction)
   return lambda ex: batching.translation_example(ex[src_key], ex[tgt_key],
                                                  bos, eos)
@@ -258,7 +219,7 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
   """The batches of one split as a grain IterDataset (see module doc).
 
   Args:
-    data_cfg: a DataConfig, or anything ``DataConfig.from_any`` accepts.
+    data_cfg: a DataConfig, or anything ``DataConfig.of`` accepts.
     split: TFDS split name ('train', 'validation', 'test').
     tokenizer: from ``prepare(...).tokenizer`` or ``load_tokenizer``.
     batch_size: the global batch size B; each process gets B // processes.
@@ -279,7 +240,7 @@ def make_dataset(data_cfg: Any, split: str, tokenizer: Tokenizer, *,
     An IterDataset of dicts of int32 numpy arrays [B // processes, T] (and
     [.., S] for the source side), formats in ``batching``.
   """
-  cfg = DataConfig.from_any(data_cfg)
+  cfg = DataConfig.of(data_cfg)
   spec = spec_for(data_cfg)
   if process_index is None or process_count is None:
     process_index, process_count = jax.process_index(), jax.process_count()
@@ -387,7 +348,7 @@ def training_rows(data_cfg: Any, *, seq_len: int, batch_size: int
                   ) -> preflight.Rows | None:
   """What a training example of data_cfg becomes in rows of seq_len
   (``preflight.Rows``); None for a stream language model (windows)."""
-  cfg = DataConfig.from_any(data_cfg)
+  cfg = DataConfig.of(data_cfg)
   spec = spec_for(data_cfg)
   if spec.task == 'lm' and spec.lm_mode == 'stream':
     return None
@@ -417,17 +378,17 @@ def training_preflight(cfg: Any, tokenizer: Tokenizer, *,
   ``sample`` examples of its token store (written first where missing):
   ``preflight.Report`` (or ``StreamReport``) with the pre-flight line,
   the warning and the refusal (``check``)."""
-  d = cfg.data
+  d = DataConfig.of(cfg.data)
   batch_size, seq_len = cfg.batch_size, cfg.seq_len
   mixed = mixture.sources(d)
   weights = sum(s.weight for s in mixed)
   todo = [(s.data, s.train_split, s.label,
            max(1, round(batch_size * s.weight / weights))) for s in mixed]
-  todo = todo or [(d, d.get('train_split') or 'train', None, batch_size)]
+  todo = todo or [(d, d.train_split, None, batch_size)]
   reports = []
   for data_cfg, split, label, rows_per_batch in todo:
     spec = spec_for(data_cfg)
-    data_dir = DataConfig.from_any(data_cfg).data_dir
+    data_dir = DataConfig.of(data_cfg).data_dir
     store = token_store.open_or_build(
         data_dir or default_data_dir(), spec.home, split, tokenizer,
         spec.text_features, functools.partial(load_source, spec, split,
@@ -570,11 +531,10 @@ def train_iterator(cfg: Any, tokenizer: Tokenizer, **batching: Any
   ``train_split``, ``cfg.batch_size`` rows of ``cfg.seq_len``, shuffled by
   ``cfg.seed``, built by ``data.worker_count`` processes. ``batching``
   adds or overrides ``make_dataset``'s keyword arguments."""
-  d = cfg.data
+  d = DataConfig.of(cfg.data)
   return make_iterator(
-      d, d.get('train_split', 'train'), tokenizer,
-      worker_count=d.get('worker_count', 0),
-      worker_buffer_size=d.get('worker_buffer_size', 2),
+      d, d.train_split, tokenizer, worker_count=d.worker_count,
+      worker_buffer_size=d.worker_buffer_size,
       **{'batch_size': cfg.batch_size, 'seq_len': cfg.seq_len,
          'seed': cfg.seed, **batching})
 
@@ -588,7 +548,7 @@ def initial_state(cfg: Any) -> dict[str, Any]:
   the examples, so it is taken from the same pipeline over a one-example
   stand-in source, tokenized as bytes.
   """
-  data_cfg = DataConfig.from_any(cfg.data)
+  data_cfg = DataConfig.of(cfg.data)
   spec = spec_for(cfg.data)
   if spec.task == 'translation':
     example = dict.fromkeys(translation_keys(spec, data_cfg.direction), 'a')

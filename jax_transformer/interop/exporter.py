@@ -156,7 +156,7 @@ def write_lora_adapter(workdir: str, step: int | None, out: str
                      'decoder-only causal LM.')
   notes = hf_export.write_adapter(opened.setup.model_config, params,
                                   model_def, out,
-                                  base_model=opened.config.get('init_from'))
+                                  base_model=opened.config.init_from)
   return step, notes
 
 

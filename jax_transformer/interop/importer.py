@@ -41,7 +41,6 @@ import os
 from typing import Any, Iterator
 
 import jax
-import ml_collections
 import numpy as np
 
 from jax_transformer import data
@@ -68,12 +67,12 @@ from jax_transformer.runtime.storage import names
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import (
   checkpoint,
-  checks,
-  experiment,
+  model_setup,
   pretrained,
-  steps,
+  run_plan,
   trainer,
 )
+from jax_transformer.train.experiment import Experiment
 
 # Fields a fine-tuning run may change without changing the function.
 _RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',
@@ -209,11 +208,10 @@ def _architecture(fields: dict[str, Any]) -> dict[str, Any]:
   return arch
 
 
-def fit_config(cfg: ml_collections.ConfigDict, source: Source,
-               tokenizer) -> tuple[ModelConfig, list[str]]:
-  """(model config, flags a later train.py needs beyond the given ones).
-
-  Sets ``cfg.model.vocab_size`` to the file's when it is unset and the
+def fit_config(cfg: Experiment, source: Source, tokenizer
+               ) -> tuple[Experiment, ModelConfig, list[str]]:
+  """(cfg, its model config, flags a later train.py needs beyond the given
+  ones), cfg's ``model.vocab_size`` the file's where it is unset and the
   tokenizer would give another size; refuses a file that does not fit.
   """
   if source.kind != cfg.model_kind:
@@ -226,10 +224,10 @@ def fit_config(cfg: ml_collections.ConfigDict, source: Source,
   try:
     vocab = source.vocab_size
     if (cfg.model.vocab_size is None and vocab is not None and vocab !=
-        checks.model_config(cfg, tokenizer.vocab_size).vocab_size):
-      cfg.model.vocab_size = vocab
+        cfg.model_config(tokenizer.vocab_size).vocab_size):
+      cfg = cfg.replace(**{'model.vocab_size': vocab})
       extra_flags.append(f'--config.model.vocab_size={vocab}')
-    model_config = checks.model_config(cfg, tokenizer.vocab_size)
+    model_config = cfg.model_config(tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
   file_arch = _architecture(source.fields)
@@ -241,7 +239,7 @@ def fit_config(cfg: ml_collections.ConfigDict, source: Source,
     flags = ' '.join(f'--config.model.{k}={v}' for k, v in wrong.items())
     raise UsageError(f'{source.path} holds a model with {theirs}, but '
                      f'config.model has {have}; add {flags} to import it.')
-  return model_config, extra_flags
+  return cfg, model_config, extra_flags
 
 
 def build_params(source: Source, model_config: ModelConfig):
@@ -258,7 +256,7 @@ def build_params(source: Source, model_config: ModelConfig):
   return params_lib.split(model)[1]
 
 
-def config_tokenizer(cfg: ml_collections.ConfigDict, path: str):
+def config_tokenizer(cfg: Experiment, path: str):
   """The config's tokenizer, as train.py builds it."""
   try:
     return trainer.prepare_data(cfg).tokenizer
@@ -269,12 +267,12 @@ def config_tokenizer(cfg: ml_collections.ConfigDict, path: str):
         f'cannot give one: {first_line(e)}') from None
 
 
-def write_workdir(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+def write_workdir(workdir: str | WorkdirPaths, cfg: Experiment,
                   tokenizer, params, step: int) -> None:
   """A checkpoint at ``step`` of ``params`` with a fresh optimizer state and
   an unread data position, plus config.json and tokenizer/."""
   try:
-    setup = experiment.setup(cfg, tokenizer.vocab_size)
+    setup = model_setup.build(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
   data_state = data.initial_state(cfg)
@@ -282,7 +280,7 @@ def write_workdir(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
        data_state)
 
 
-def save(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+def save(workdir: str | WorkdirPaths, cfg: Experiment,
          tokenizer, state, data_state) -> None:
   """config.json, tokenizer/ and a checkpoint of state: the last step of
   an import, after everything that can be refused."""
@@ -323,7 +321,7 @@ class Imported:
   notes: list[str]
 
 
-def import_into(path: str, cfg: ml_collections.ConfigDict,
+def import_into(path: str, cfg: Experiment,
                 workdir: str, explicit: set[str] = frozenset()) -> Imported:
   """Reads ``path``, checks it against ``cfg`` and writes ``workdir``.
 
@@ -331,6 +329,7 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
   field (:func:`import_hf`); ``explicit`` names the ``model.*`` fields
   given on the command line, refused where they differ.
   """
+  cfg = Experiment.of(cfg)
   target = new_workdir(workdir)
   folder = pretrained.hf_folder(path)
   if folder is not None and any(
@@ -339,7 +338,7 @@ def import_into(path: str, cfg: ml_collections.ConfigDict,
     return import_hf(folder, path, cfg, target, explicit)
   source = read_source(path)
   tokenizer = source.tokenizer or config_tokenizer(cfg, path)
-  model_config, extra_flags = fit_config(cfg, source, tokenizer)
+  cfg, model_config, extra_flags = fit_config(cfg, source, tokenizer)
   params = build_params(source, model_config)
   with staged(target) as partial:
     write_workdir(partial, cfg, tokenizer, params, source.step)
@@ -379,7 +378,7 @@ def local_mesh(setup) -> jax.sharding.Mesh:
   raise AssertionError('unreachable: one device fits any parameters')
 
 
-def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
+def import_hf(folder: str, path: str, cfg: Experiment,
               workdir: str | WorkdirPaths,
               explicit: set[str] = frozenset()) -> Imported:
   """A Hugging Face model into ``workdir``: every model field from its
@@ -387,21 +386,17 @@ def import_hf(folder: str, path: str, cfg: ml_collections.ConfigDict,
   tensors streamed onto this host's devices (``pretrained.place_tensors``)
   and saved as a step-0 checkpoint with a fresh optimizer state."""
   source = pretrained.hf_source(folder, path)
-  pretrained.apply_fields(cfg, path, source.model_kind, source.fields,
-                          set(explicit))
-  with cfg.unlocked():
-    cfg.init_from = path
+  cfg = pretrained.apply_fields(cfg, path, source.model_kind, source.fields,
+                                set(explicit)).replace(init_from=path)
   tokenizer = source.tokenizer()
   try:
-    setup = experiment.setup(cfg, tokenizer.vocab_size)
+    setup = model_setup.build(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
   data_state = data.initial_state(cfg)
-  mesh = local_mesh(setup)
-  shardings, _ = steps.state_shardings(setup, mesh,
-                                       setup.abstract_state(cfg.seed))
+  plan = run_plan.build(cfg, local_mesh(setup), tokenizer.vocab_size, setup)
   state = pretrained.Start(source, tokenizer).state(setup, cfg.seed,
-                                                    shardings)
+                                                    plan.shardings)
   with staged(resolve(workdir)) as partial:
     save(partial, cfg, tokenizer, state, data_state)
   notes = [f'{path} is a {source.what} model: every config.model field was '

@@ -33,7 +33,9 @@ class ModelConfig:
   vocabulary, sinusoidal positions and a tied head).
   """
 
-  vocab_size: int = 37000
+  # None only in an experiment's config.model, before its tokenizer is
+  # known (``Experiment.model_config`` fills it in); a model needs a size.
+  vocab_size: int | None = 37000
   d_model: int = 512
   num_heads: int = 8
   # Key/value heads for grouped-query attention; None means num_heads (MHA).
@@ -100,6 +102,8 @@ class ModelConfig:
     positive = ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len')
     for name in positive:
       value = getattr(self, name)
+      if name == 'vocab_size' and value is None:
+        continue
       if not isinstance(value, int) or value <= 0:
         yield f'{name} must be a positive integer, got {value!r}.'
     for name in ('num_encoder_layers', 'num_decoder_layers'):
@@ -184,6 +188,16 @@ class ModelConfig:
 
   def replace(self, **changes) -> 'ModelConfig':
     return dataclasses.replace(self, **changes)
+
+
+def small_lm(**overrides) -> ModelConfig:
+  """The default decoder-only LM: pre-norm, rotary positions, GELU, no
+  biases, a tied head, dropout on residuals only."""
+  fields = dict(d_model=128, num_heads=4, num_encoder_layers=0,
+                num_decoder_layers=4, d_ff=512, attention_dropout_rate=0.0,
+                activation='gelu', norm_first=True, positional='rotary',
+                max_len=256, scale_embeddings=False, use_bias=False)
+  return ModelConfig(**{**fields, **overrides})
 
 
 def transformer_base(**overrides) -> ModelConfig:

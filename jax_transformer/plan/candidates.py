@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from typing import Any, Iterator
 
-import ml_collections
+from jax_transformer.train.experiment import Experiment
 
 REMATS = ('none', 'dots', 'full')
 PARAM_DTYPES = ('float32', 'bfloat16')
@@ -55,17 +55,9 @@ class Candidate:
     """The candidate as ``train.py`` flags."""
     return [f'--config.{k}={v}' for k, v in self.overrides().items()]
 
-  def apply(self, cfg: ml_collections.ConfigDict
-            ) -> ml_collections.ConfigDict:
+  def apply(self, cfg: Experiment) -> Experiment:
     """A copy of cfg laid out as this candidate."""
-    out = cfg.copy_and_resolve_references()
-    for key, value in self.overrides().items():
-      *parents, leaf = key.split('.')
-      node = out
-      for part in parents:
-        node = node[part]
-      node[leaf] = value
-    return out
+    return Experiment.of(cfg).replace(**self.overrides())
 
   def describe(self) -> str:
     mesh = ' x '.join(f'{k} {v}' for k, v in
@@ -77,23 +69,24 @@ class Candidate:
             f'{self.grad_accum_steps}')
 
 
-def shipped(cfg: ml_collections.ConfigDict, chips: int,
+def shipped(cfg: Experiment, chips: int,
             global_batch: int) -> Candidate:
   """The config's own layout at global_batch rows an update: its mesh
   (-1 resolved to the chips left), remat, dtype, loss chunk, and its
   accumulation where that divides the batch."""
+  cfg = Experiment.of(cfg)
   # The three axes only: mesh.dcn_* say how they cross slices, not sizes.
-  sizes = {axis: cfg.mesh[axis] for axis in ('data', 'fsdp', 'tensor')}
+  sizes = {axis: getattr(cfg.mesh, axis) for axis in ('data', 'fsdp', 'tensor')}
   known = 1
   for v in sizes.values():
     known *= v if v > 0 else 1
   sizes = {k: (chips // known if v == -1 else v) for k, v in sizes.items()}
-  accum = int(cfg.optim.get('grad_accum_steps', 1))
+  accum = cfg.optim.grad_accum_steps
   if global_batch % accum:
     accum = 1
   return Candidate(sizes['data'], sizes['fsdp'], sizes['tensor'],
                    cfg.model.remat, cfg.model.param_dtype,
-                   int(cfg.get('loss_chunk_size') or 0),
+                   cfg.loss_chunk_size,
                    global_batch // accum, accum)
 
 
@@ -112,7 +105,7 @@ def meshes(chips: int, heads: int, kv_heads: int
       yield data, chips // tensor // data, tensor
 
 
-def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
+def enumerate_candidates(cfg: Experiment, chips: int,
                          global_batch: int, slices: int = 1,
                          param_dtypes: tuple[str, ...] = PARAM_DTYPES,
                          remats: tuple[str, ...] = REMATS
@@ -121,10 +114,11 @@ def enumerate_candidates(cfg: ml_collections.ConfigDict, chips: int,
   update: each mesh, remat, dtype, loss chunk, and each accumulation that
   leaves every batch shard whole rows. Over several slices only data
   parallelism crosses between them (mesh.data a multiple of slices)."""
+  cfg = Experiment.of(cfg)
   m = cfg.model
   heads = m.num_heads
-  kv_heads = m.get('num_kv_heads') or heads
-  chunks = sorted({*LOSS_CHUNKS, int(cfg.get('loss_chunk_size') or 0)})
+  kv_heads = m.kv_heads
+  chunks = sorted({*LOSS_CHUNKS, cfg.loss_chunk_size})
   out = []
   layouts = [(mesh, remat, dtype, chunk) for mesh in meshes(
       chips, heads, kv_heads) for remat, dtype, chunk in itertools.product(

@@ -9,7 +9,6 @@ import time
 from typing import Callable
 
 import jax
-import ml_collections
 import numpy as np
 
 from jax_transformer import cli
@@ -17,12 +16,14 @@ from jax_transformer.compile import lowering
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 from jax_transformer.runtime import targets
+from jax_transformer.train.experiment import Experiment
 
 
-def step_runner(cfg: ml_collections.ConfigDict, devices: list,
+def step_runner(cfg: Experiment, devices: list,
                 vocab_size: int) -> Callable[[], None]:
   """A function running cfg's train step once on devices (compiled here,
   state initialised from cfg's seed, one fixed batch of random tokens)."""
+  cfg = Experiment.of(cfg)
   run = lowering.lower_train(cfg, devices,
                              targets.kernel_platform(devices[0].platform),
                              vocab_size)
@@ -48,12 +49,13 @@ def step_runner(cfg: ml_collections.ConfigDict, devices: list,
   return step
 
 
-def measure(base: ml_collections.ConfigDict,
+def measure(base: Experiment,
             layouts: list[cands.Candidate], devices: list, vocab_size: int,
             rounds: int = 5, warmup: int = 1) -> list[float]:
   """Median seconds per optimizer update of each layout (its step time x
   grad_accum_steps), in rounds interleaved over the layouts so that the
   host's load falls on all alike."""
+  base = Experiment.of(base)
   runners = [step_runner(c.apply(base), devices, vocab_size)
              for c in layouts]
   for run in runners:
@@ -77,11 +79,12 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 
-def compare(base: ml_collections.ConfigDict, layouts: list[cands.Candidate],
+def compare(base: Experiment, layouts: list[cands.Candidate],
             where, vocab_size: int, rounds: int = 5) -> list[dict]:
   """Each layout planned on ``where`` (the devices at hand) and measured
   there: its plan row with measured_step_s and the ratio of prediction to
   measurement added, in the order of layouts."""
+  base = Experiment.of(base)
   base = layouts[0].apply(base)  # the first is the plan's own layout
   rows = search.plan(base, 'compare', where, layouts[0].batch_size
                      * layouts[0].grad_accum_steps, budget_s=float('inf'),
@@ -97,13 +100,13 @@ def compare(base: ml_collections.ConfigDict, layouts: list[cands.Candidate],
   return out
 
 
-def host_check_config() -> ml_collections.ConfigDict:
+def host_check_config() -> Experiment:
   """The small LM the model is checked on with CPU host devices: 4 layers
   of width 256, 8 heads, 128-token rows, a 512-token vocabulary."""
   cfg = cli.load_config('lm_shakespeare')
   cfg.model.update(d_model=256, num_heads=8, num_decoder_layers=4, d_ff=1024)
   cfg.seq_len = 128
-  return cfg
+  return Experiment.of(cfg)
 
 
 def host_check_layouts(rows: int = 32) -> list[cands.Candidate]:

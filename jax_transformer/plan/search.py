@@ -27,14 +27,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from jax_transformer.compile import lowering, report, step_model
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.model import attention, sharding
 from jax_transformer.plan import candidates as cands
 from jax_transformer.runtime import targets, xla_options
-from jax_transformer.train import experiment, memory, perf, steps
+from jax_transformer.train import memory, model_setup, perf, run_plan
+from jax_transformer.train.experiment import Experiment
 
 # The estimate is within ~20% of the TPU compiler's figure
 # (docs/scaling.md): a candidate is pruned only when even a 20%
@@ -79,7 +79,7 @@ class Where:
     return len(self.devices)
 
 
-def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
+def guess(c: cands.Candidate, cfg: Experiment, mc,
           num_params: int, where: Where) -> float:
   """Seconds per update by counting, without compiling: the model's FLOPs
   (with remat's recompute) at peak, plus the bytes FSDP gathers and
@@ -87,8 +87,9 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
   between layers, at link speed (both in full, as if nothing overlapped:
   a layout that moves more per FLOP, such as many accumulation steps each
   gathering every weight, comes later). Only orders the compiles."""
+  cfg = Experiment.of(cfg)
   rates, chips = where.rates, where.chips
-  flops = perf.step_flops(mc, c.batch_size, experiment.source_len(cfg),
+  flops = perf.step_flops(mc, c.batch_size, cfg.source_len,
                           cfg.seq_len)['train']
   compute = flops * REMAT_RECOMPUTE[c.remat] / chips / rates.peak_flops
   # What moves is in the compute dtype where it is narrower: XLA casts
@@ -112,12 +113,13 @@ def guess(c: cands.Candidate, cfg: ml_collections.ConfigDict, mc,
                                / rates.hbm_bytes_per_s)
 
 
-def loss_chunk_hbm(c: cands.Candidate, cfg: ml_collections.ConfigDict,
+def loss_chunk_hbm(c: cands.Candidate, cfg: Experiment,
                    mc) -> float:
   """HBM bytes per chip a step's chunked loss spends on its head: each
   chunk reads the gathered bf16 head three times (logits, their
   recomputation, the rows' gradient) and reads and writes its float32
   gradient slot, however few of the chunk's rows a chip holds."""
+  cfg = Experiment.of(cfg)
   if not c.loss_chunk_size:
     return 0.0
   chunks = -(-c.batch_size * cfg.seq_len // c.loss_chunk_size)
@@ -164,58 +166,46 @@ class Cache:
 class Sized:
   """A candidate with what is known of it before compiling."""
   candidate: cands.Candidate
-  cfg: ml_collections.ConfigDict
-  setup: experiment.Setup
+  cfg: Experiment
+  setup: model_setup.Setup
   estimate_bytes: int
   guess_s: float
   shipped: bool = False
 
 
 class Sizer:
-  """Candidates sized before compiling. Only remat, dtype and accumulation
-  change the model and optimizer, and with the mesh the state's
-  shardings: those are built once per variant and shared."""
+  """Candidates sized before compiling, each by its run's plan
+  (``run_plan.build``). Only remat, dtype and accumulation change the
+  model and optimizer: those setups are built once per variant and
+  shared."""
 
-  def __init__(self, base: ml_collections.ConfigDict, where: Where,
+  def __init__(self, base: Experiment, where: Where,
                vocab_size: int):
-    self.base, self.where, self.vocab_size = base, where, vocab_size
-    self.setups, self.states = {}, {}
+    self.base, self.where = Experiment.of(base), where
+    self.vocab_size = vocab_size
+    self.setups = {}
 
-  def setup(self, cfg) -> experiment.Setup:
+  def setup(self, cfg) -> model_setup.Setup:
     model_key = (cfg.model.remat, cfg.model.param_dtype)
     key = (*model_key, cfg.optim.grad_accum_steps)
     if key not in self.setups:
       base = self.setups.get(model_key)
       if base is None:
-        base = self.setups[model_key] = experiment.setup(cfg,
+        base = self.setups[model_key] = model_setup.build(cfg,
                                                           self.vocab_size)
-      self.setups[key] = experiment.with_optimizer(base, cfg)
+      self.setups[key] = model_setup.with_optimizer(base, cfg)
     return self.setups[key]
-
-  def state(self, cfg, setup, mesh) -> tuple[Any, Any, int]:
-    """(abstract state, its shardings, parameter count) for cfg's setup
-    on mesh."""
-    if id(setup) not in self.states:
-      self.states[id(setup)] = (
-          experiment.abstract_state_of(setup, cfg.seed),
-          sum(x.size for x in setup.abstract_params.values()), {})
-    abstract_state, params, placed = self.states[id(setup)]
-    key = tuple(mesh.shape.values())
-    if key not in placed:
-      placed[key] = steps.state_shardings(setup, mesh, abstract_state)[0]
-    return abstract_state, placed[key], params
 
   def __call__(self, c: cands.Candidate) -> Sized:
     """c's config, setup, pre-flight estimate and guessed time."""
     cfg = c.apply(self.base)
-    mesh = sharding.make_mesh(cfg.mesh, list(self.where.devices))
+    mesh = cfg.mesh.make(list(self.where.devices))
     sharding.check_batch(cfg.batch_size, mesh)
     setup = self.setup(cfg)
-    abstract_state, shardings, params = self.state(cfg, setup, mesh)
+    params = sum(x.size for x in setup.abstract_params.values())
     with attention.compiling_for(self.where.platform):
-      estimate = memory.estimate(cfg, setup.model_config, abstract_state,
-                                 shardings, mesh).total
-    return Sized(c, cfg, setup, estimate,
+      plan = run_plan.build(cfg, mesh, self.vocab_size, setup)
+    return Sized(c, cfg, setup, plan.estimate.total,
                  guess(c, cfg, setup.model_config, params, self.where))
 
 
@@ -251,7 +241,7 @@ def compiled_result(step: report.StepCompile, s: Sized, where: Where,
   return result
 
 
-def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
+def plan(cfg: Experiment, spec: str, where: Where,
          global_batch: int, budget_s: float = 600,
          cache_dir: str | None = DEFAULT_CACHE, vocab_size: int = 32768,
          log: Callable[[str], None] | None = None,
@@ -263,6 +253,7 @@ def plan(cfg: ml_collections.ConfigDict, spec: str, where: Where,
   candidates instead of every one; param_dtypes and remats limit the
   dtypes and remat policies enumerated (bfloat16 parameters change the
   training's numerics)."""
+  cfg = Experiment.of(cfg)
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   start = time.perf_counter()
   own = cands.shipped(cfg, where.chips, global_batch)

@@ -22,7 +22,6 @@ import weakref
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -34,6 +33,7 @@ from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+from jax_transformer.train.experiment import Experiment
 
 
 class CheckpointMismatch(UsageError):
@@ -364,13 +364,14 @@ def _own_data_state(states: list[Any]) -> Any:
   return states[jax.process_index() % len(states)]
 
 
-def save_side_files(workdir: str | WorkdirPaths, cfg: ml_collections.ConfigDict,
+def save_side_files(workdir: str | WorkdirPaths, cfg: Experiment,
                     tokenizer) -> None:
   """config.json, and once tokenizer/ with its fingerprint, beside the
   checkpoints (process 0 only; ``tokenizer`` from ``run_tokenizer``)."""
   paths = resolve(workdir)
   paths.root.mkdir(parents=True, exist_ok=True)
-  storage.write_atomic(paths.config, cfg.to_json(indent=2, sort_keys=True))
+  storage.write_atomic(paths.config,
+                       json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
   if paths.fingerprint.exists() and paths.tokenizer.exists():
     return  # a resumed model keeps its vocabulary
   tokenizer_dir = paths.tokenizer
@@ -425,12 +426,12 @@ def _try_load_tokenizer(directory):
 
 
 def load_config(workdir: str | WorkdirPaths
-                ) -> ml_collections.ConfigDict | None:
+                ) -> Experiment | None:
   """The workdir's config.json, or None where it has none."""
   path = resolve(workdir).config
   if not path.exists():
     return None
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return Experiment.of(json.loads(path.read_text()))
 
 
 def _everywhere(ok: bool) -> bool:

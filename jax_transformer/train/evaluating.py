@@ -12,16 +12,15 @@ from __future__ import annotations
 import contextlib
 
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
 from jax_transformer import data, decoding
 from jax_transformer.data.batching import markers
-from jax_transformer.decoding import sampling
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train import evaluation
 from jax_transformer.train import metrics as metrics_lib
+from jax_transformer.train.experiment import Experiment
 
 
 class Evaluation:
@@ -31,7 +30,7 @@ class Evaluation:
   watch, paused while the first evaluation compiles its steps."""
   part = 'eval'
 
-  def __init__(self, cfg: ml_collections.ConfigDict, eval_step, preemption,
+  def __init__(self, cfg: Experiment, eval_step, preemption,
                watch, evaluate_fn=None):
     self._cfg = cfg
     self._eval_step = eval_step
@@ -88,7 +87,7 @@ class Sample:
   """The sample a finished run ends with (config.sample)."""
   part = 'eval'
 
-  def __init__(self, cfg: ml_collections.ConfigDict, preemption):
+  def __init__(self, cfg: Experiment, preemption):
     self._cfg = cfg
     self._preemption = preemption
 
@@ -114,11 +113,11 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
   stop(count) -> True (checked between batches) abandons the evaluation:
   raises evaluation.Interrupted.
   """
-  score = (evaluation.mixture_loss_metrics if cfg.data.get('mixture')
+  score = (evaluation.mixture_loss_metrics if cfg.data.mixture
            else evaluation.loss_metrics)  # per source too (data/mixture.py)
   metrics = score(eval_step, params, cfg, tokenizer, mesh,
-                  max_batches=cfg.get('eval_steps'), stop=stop)
-  n = cfg.get('eval_bleu_examples') or 0
+                  max_batches=cfg.eval_steps, stop=stop)
+  n = cfg.eval_bleu_examples
   if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
     if stop is not None and stop(0):
       raise evaluation.Interrupted('stopped before the BLEU check')
@@ -137,7 +136,7 @@ def sample(setup, params, tokenizer, cfg) -> str:
   s = cfg.sample
   ids = tokenizer.encode(s.prompt)
   bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
-  sampler = sampling.Sampler(s.temperature, s.top_k or None)
+  sampler = s.sampler()
   key = jax.random.key(cfg.seed)
   if cfg.model_kind == 'encoder_decoder':
     out = decoding.generate(model, src_ids=[data.translation_source(ids, eos)],
@@ -151,7 +150,7 @@ def sample(setup, params, tokenizer, cfg) -> str:
   return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
-def is_eval_step(step: int, cfg: ml_collections.ConfigDict) -> bool:
+def is_eval_step(step: int, cfg: Experiment) -> bool:
   """Whether step is evaluated after it (every eval_every, and the last);
   a step not logged (log_every) is not."""
   logged = step % cfg.log_every == 0 or step == cfg.num_steps

@@ -12,7 +12,6 @@ import math
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 from sacrebleu.metrics import BLEU, CHRF
@@ -21,21 +20,22 @@ from tqdm import tqdm
 from jax_transformer import data
 from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
+from jax_transformer.train.experiment import Experiment
 
 LN2 = math.log(2.0)
 
 
-def check_split(cfg: ml_collections.ConfigDict, split: str) -> None:
+def check_split(cfg: Experiment, split: str) -> None:
   """Raises one ValueError sentence if the prepared dataset lacks the split
   (a slice such as 'train[-500:]' names its split before the bracket)."""
   spec = data.spec_for(cfg.data)
   try:
     source = data.load_source(spec, spec.train_split,
-                              cfg.data.get('data_dir'))
+                              cfg.data.data_dir)
   except FileNotFoundError as e:  # not prepared: the message says how
     raise UsageError(str(e)) from None
   del source
-  builder = tfds.builder(spec.name, data_dir=cfg.data.get('data_dir')
+  builder = tfds.builder(spec.name, data_dir=cfg.data.data_dir
                          or data.default_data_dir(),
                          file_format='array_record')
   names = sorted(builder.info.splits)
@@ -75,7 +75,7 @@ class Interrupted(Exception):
   """An evaluation abandoned because the run was asked to stop."""
 
 
-def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
+def loss_metrics(eval_step: Callable, params, cfg: Experiment,
                  tokenizer, mesh, split: str | None = None,
                  max_batches: int | None = None,
                  count_text: bool = False,
@@ -93,14 +93,14 @@ def loss_metrics(eval_step: Callable, params, cfg: ml_collections.ConfigDict,
   (default: config.data; a mixture's source, say).
   """
   data_cfg = cfg.data if data_cfg is None else data_cfg
-  split = split or data_cfg.get('eval_split') or 'validation'
+  split = split or data_cfg.eval_split or 'validation'
   sums = _loss_sums(eval_step, params, cfg, tokenizer, mesh, data_cfg,
                     split, max_batches, count_text, progress, stop)
   return _loss_row(*sums, tokenizer if count_text else None)
 
 
 def mixture_loss_metrics(eval_step: Callable, params,
-                         cfg: ml_collections.ConfigDict, tokenizer, mesh,
+                         cfg: Experiment, tokenizer, mesh,
                          max_batches: int | None = None,
                          stop: Callable[[int], bool] | None = None
                          ) -> dict[str, float]:
@@ -162,14 +162,14 @@ def _loss_row(nll: float, tokens: float, units: float = 0.0,
 # Translation.
 
 
-def split_texts(cfg: ml_collections.ConfigDict, split: str,
+def split_texts(cfg: Experiment, split: str,
                 max_examples: int | None = None
                 ) -> tuple[list[str], list[str]]:
   """(sources, references) of a translation split, in stored order."""
   spec = data.spec_for(cfg.data)
   src_key, tgt_key = data.pipeline.translation_keys(
-      spec, cfg.data.get('direction'))
-  source = data.load_source(spec, split, cfg.data.get('data_dir'))
+      spec, cfg.data.direction)
+  source = data.load_source(spec, split, cfg.data.data_dir)
   n = len(source) if max_examples is None else min(max_examples, len(source))
   rows = [source[i] for i in range(n)]
   return ([data.datasets.as_text(r[src_key]) for r in rows],
@@ -201,7 +201,7 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]
           'bleu_detail': str(b)}
 
 
-def bleu_metrics(model, tokenizer, cfg: ml_collections.ConfigDict,
+def bleu_metrics(model, tokenizer, cfg: Experiment,
                  num_examples: int, batch_size: int) -> dict[str, float]:
   """Greedy BLEU and chrF on the first num_examples of the eval split (the
   trainer's periodic check; scripts/evaluate.py scores whole splits)."""

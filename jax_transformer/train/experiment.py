@@ -1,112 +1,259 @@
-"""From an experiment config (ml_collections) to model, optimizer and state.
+"""The experiment: every setting of a training run, typed and frozen.
 
-Shared by the trainer and by checkpoint loading, so both build exactly the
-same pytrees.
+An :class:`Experiment` is the run's own fields (steps, batches,
+checkpointing, evaluation, logging, timeouts) and one frozen dataclass per
+part, each owning its defaults, its checks and its build where it lives:
+
+  model    ``model.config.ModelConfig``  (vocab_size None: the tokenizer's)
+  lora     ``model.lora.LoraConfig``     ``.apply(model_def, params)``
+  mesh     ``model.sharding.MeshConfig`` ``.make(devices)``
+  data     ``data.config.DataConfig``    read by the whole data layer
+  optim    ``train.optim.OptimConfig``   ``.build(d_model, steps, params)``
+  sample   ``decoding.sampling.SampleConfig`` ``.sampler()``
+  profile  ``train.profiling.ProfileConfig``
+
+``configs/*.py`` write it as an ``ml_collections.ConfigDict``
+(:func:`base_config` gives the defaults in that form) so that every
+``--config.a.b=value`` keeps its path and type; :meth:`Experiment.of`
+turns that, or a workdir's ``config.json`` (fields added since take their
+defaults), into the typed form every module reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
-import jax
-import ml_collections
-import optax
-from flax import nnx
+from ml_collections import ConfigDict
 
-from jax_transformer.model import lora
+from jax_transformer import data, fields
+from jax_transformer.data.config import DataConfig
+from jax_transformer.decoding.sampling import SampleConfig
+from jax_transformer.errors import UsageError
+from jax_transformer.model import config as model_config_lib
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.params import ModelDef, Params, abstract, split
-from jax_transformer.train import checks, optim
+from jax_transformer.model.lora import LoraConfig
+from jax_transformer.model.models import MODELS
+from jax_transformer.model.sharding import MeshConfig
+from jax_transformer.runtime import storage
+from jax_transformer.train.optim import OptimConfig
+from jax_transformer.train.profiling import ProfileConfig
+
+# Fields that count steps, batches or checkpoints: 0 would divide by zero
+# after the first step or (keep_checkpoints) delete every checkpoint.
+POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
+                   'log_every', 'eval_every', 'checkpoint_every',
+                   'keep_checkpoints')
+
+# Fields that change how a step computes or where files are, not what the
+# state holds or which examples come next: a run may resume with other
+# values of these (intervals and other top-level fields are not compared).
+RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
+                        'attention_dropout_rate', 'dropout_rng', 'scan_layers',
+                        'remat')
+# worker_count is judged by the saved stream itself (pipeline.Batches).
+RUNTIME_DATA_FIELDS = ('data_dir', 'worker_count', 'worker_buffer_size',
+                       'prepare_workers')
 
 
-def train_state(params: Params, tx: optax.GradientTransformation,
-                seed: int = 0, step: int = 0) -> dict[str, Any]:
-  """The train state (see ``steps.py``) holding ``params`` at ``step``, a
-  fresh optimizer state (of the adapters alone where params hold LoRA
-  adapters: ``lora.trainable``) and the run's base dropout key for
-  ``seed``."""
-  _, rng = jax.random.split(jax.random.key(seed))
-  return {'params': params, 'opt_state': tx.init(lora.trainable(params)),
-          'step': jax.numpy.asarray(step, jax.numpy.int32),
-          'rng': jax.random.key_data(rng)}
+def _default_model() -> ModelConfig:
+  return model_config_lib.small_lm(vocab_size=None)
 
 
-def source_len(cfg: ml_collections.ConfigDict) -> int:
-  """Source tokens per row of an encoder-decoder run (data.src_len, else
-  seq_len); 0 for a decoder-only LM."""
-  if cfg.model_kind != 'encoder_decoder':
-    return 0
-  return cfg.data.get('src_len') or cfg.seq_len
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """One training run (docs/training.md lists the fields)."""
+  # 'decoder_lm' or 'encoder_decoder' (model.models.MODELS).
+  model_kind: str = 'decoder_lm'
+  model: ModelConfig = dataclasses.field(default_factory=_default_model)
+  # Start from a pretrained model: a Hugging Face folder (or a model id in
+  # its cache) or another workdir. Its model fields replace model's and
+  # model_kind (train/pretrained.py); None: a fresh model.
+  init_from: str | None = None
+  lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+  # An unset model.vocab_size is the tokenizer's rounded up to this, so the
+  # vocabulary splits over 'tensor'.
+  vocab_multiple: int = 8
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  seq_len: int = 128
+  batch_size: int = 32
+  eval_batch_size: int = 32
+  num_steps: int = 600
+  log_every: int = 50
+  eval_every: int = 200
+  eval_steps: int | None = None  # None: the whole validation split
+  # Translation: greedy BLEU on this many validation sentences at each eval.
+  eval_bleu_examples: int = 0
+  checkpoint_every: int = 200
+  keep_checkpoints: int = 3
+  # Peak FLOP/s of one device in TFLOP/s, for MFU in the logs; None: built
+  # in for H100/H200/A100/TPU v4-v6 (bf16 dense), no MFU on CPUs.
+  peak_tflops: float | None = None
+  # Memory of one device in GB (10^9 bytes): a run whose train step needs
+  # more is refused before its first step. None: built in for H100/H200/
+  # A100/TPU v4-v6 (vendor figures); on CPUs only reported, never refused.
+  device_memory_gb: float | None = None
+  # Tokens per chunk of the output head and loss (0: all at once). Chunked,
+  # float32 logits [B, T, V] never exist in the step: set it (e.g. 4096)
+  # when the vocabulary is large.
+  loss_chunk_size: int = 0
+  # Seconds without a finished step (or evaluation batch, or save) after
+  # which the run prints every thread's stack and exits with status 124
+  # (runtime/stall.py). None: 20x the longest interval seen, at least
+  # 600 s; 0: never. Compiling is not counted.
+  step_timeout_s: float | None = None
+  profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
+  seed: int = 0
+  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  sample: SampleConfig = dataclasses.field(default_factory=SampleConfig)
+
+  @classmethod
+  def of(cls, value: Any) -> Experiment:
+    """An Experiment from an Experiment, a ConfigDict (a config file's,
+    overridden on the command line) or a dict (a workdir's config.json):
+    fields it lacks take their defaults; a misspelt one is refused in one
+    sentence naming the closest."""
+    return fields.build(cls, value, 'config')
+
+  def to_dict(self) -> dict[str, Any]:
+    """Nested dicts of plain values, as a workdir's config.json holds."""
+    return fields.to_dict(self)
+
+  def replace(self, **changes: Any) -> Experiment:
+    """A copy with top-level fields or parts replaced; a dotted name
+    replaces a field of a part: ``replace(**{'optim.z_loss': 1e-4})``."""
+    out = self
+    for path, value in changes.items():
+      out = fields.replace_in(out, path, value)
+    return out
+
+  @property
+  def model_class(self) -> type:
+    """The model class of model_kind (refused in one sentence if none)."""
+    if self.model_kind not in MODELS:
+      raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
+                       f'{self.model_kind!r}.')
+    return MODELS[self.model_kind]
+
+  @property
+  def source_len(self) -> int:
+    """Source tokens per row of an encoder-decoder run (data.src_len, else
+    seq_len); 0 for a decoder-only LM."""
+    if self.model_kind != 'encoder_decoder':
+      return 0
+    return self.data.src_len or self.seq_len
+
+  @property
+  def optimizer_updates(self) -> int:
+    """Optimizer updates of the whole run (steps over accumulation)."""
+    return max(self.num_steps // self.optim.grad_accum_steps, 1)
+
+  def model_config(self, tokenizer_vocab: int) -> ModelConfig:
+    """model with vocab_size None made the tokenizer's (rounded up to
+    vocab_multiple so it splits over 'tensor'); refuses a vocab_size
+    smaller than the tokenizer's, and sequences longer than max_len."""
+    size = self.model.vocab_size
+    if size is None:
+      multiple = self.vocab_multiple
+      size = -(-tokenizer_vocab // multiple) * multiple
+    elif size < tokenizer_vocab:
+      raise UsageError(f'config.model.vocab_size={size} is smaller than the '
+                       f"tokenizer's {tokenizer_vocab}; raise it, or unset it "
+                       "to use the tokenizer's.")
+    mc = self.model.replace(vocab_size=size)
+    for name, length in (('seq_len', self.seq_len),
+                         ('data.src_len', self.data.src_len)):
+      if length is not None and length > mc.max_len:
+        raise UsageError(f'config.{name}={length} exceeds model.max_len='
+                         f'{mc.max_len}; raise max_len or shorten sequences.')
+    return mc
+
+  def kept_by_resume(self) -> dict[str, Any]:
+    """What a run resuming this one must keep: model_kind, and its model,
+    data and LoRA without their runtime fields (LoRA only where it is
+    on), as JSON gives them (tuples are lists). Intervals and the other
+    top-level fields may change."""
+    out = json.loads(json.dumps(self.to_dict()))
+    for key, names in (('model', RUNTIME_MODEL_FIELDS),
+                       ('data', RUNTIME_DATA_FIELDS)):
+      for name in names:
+        del out[key][name]
+    kept = ('model_kind', 'model', 'data') + (('lora',) if self.lora.rank
+                                              else ())
+    return {key: out[key] for key in kept}
+
+  def changed_since(self, saved: Experiment) -> str | None:
+    """None where this run may resume ``saved``'s workdir, else the part
+    that changed and its fields ('model (d_ff)')."""
+    old, new = saved.kept_by_resume(), self.kept_by_resume()
+    for key in ('model_kind', 'model', 'data', 'lora'):
+      if old.get(key) != new.get(key):
+        both = isinstance(old.get(key), dict) and isinstance(new.get(key),
+                                                             dict)
+        fields = sorted(f for f in old[key] if old[key][f] != new[key][f]
+                        ) if both else []
+        return key + (f' ({", ".join(fields)})' if fields else '')
+    return None
+
+  def check(self) -> None:
+    """Refuses in one sentence, before any data is prepared or any step
+    compiled, a field no run can use: the run's counts, intervals and
+    paths, then each part's own checks (the dataset named by data is
+    looked up: a 'files' glob that matches nothing, a task misspelt)."""
+    for name in POSITIVE_FIELDS:
+      _positive_int(name, getattr(self, name))
+    chunk = self.loss_chunk_size
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+      raise UsageError('config.loss_chunk_size must be a non-negative '
+                       'integer (0: the loss over all tokens at once), got '
+                       f'{chunk!r}.')
+    if self.eval_bleu_examples < 0:
+      raise UsageError('config.eval_bleu_examples must be >= 0 (0 turns the '
+                       f'BLEU check off), got {self.eval_bleu_examples!r}.')
+    timeout = self.step_timeout_s
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not timeout >= 0):
+      raise UsageError('config.step_timeout_s must be a number of seconds >= '
+                       f'0 (0: never; None: automatic), got {timeout!r}.')
+    if self.init_from is not None and not (isinstance(self.init_from, str)
+                                           and self.init_from):
+      raise UsageError('config.init_from must name a Hugging Face model '
+                       'folder, a model id in its cache or a workdir, got '
+                       f'{self.init_from!r}.')
+    self.model_class  # noqa: B018  (refuses an unknown model_kind)
+    self.lora.check()
+    if self.lora.rank and not self.init_from:
+      raise UsageError(f'config.lora.rank={self.lora.rank} trains adapters '
+                       'on a frozen pretrained model: set config.init_from to '
+                       'it (it is read again at every start and by '
+                       'generate/export).')
+    self.optim.check()
+    self.profile.check()
+    self._check_data()
+
+  def _check_data(self) -> None:
+    self.data.check()
+    if self.data.data_dir and storage.is_remote(self.data.data_dir):
+      # TFDS's array_record reader opens local files only.
+      raise UsageError(f'config.data.data_dir={self.data.data_dir}: prepared '
+                       'data must be on a local or mounted path (object '
+                       'storage works for --workdir).')
+    data.spec_for(self.data)
+    data.mixture.check(self.data)  # weights, labels, one task
+    # data.tokenizer_path read, and not contradicted by tokenizer/vocab_size.
+    data.datasets.given_tokenizer(self.data)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Setup:
-  """Everything static about one training run."""
-  model_config: ModelConfig
-  model_cls: type
-  model_def: ModelDef
-  abstract_params: Params
-  schedule: optax.Schedule
-  tx: optax.GradientTransformation
-
-  def init_params(self, key: jax.Array) -> Params:
-    model = self.model_cls(self.model_config, nnx.Rngs(params=key))
-    params = split(model)[1]
-    if isinstance(self.model_def, lora.LoraModelDef):
-      params.update(self.init_adapters(jax.random.fold_in(key, 1)))
-    return params
-
-  def init_adapters(self, key: jax.Array) -> Params:
-    """Fresh LoRA adapters ({} without LoRA)."""
-    if not isinstance(self.model_def, lora.LoraModelDef):
-      return {}
-    return self.model_def.init_adapters(key)
-
-  def init_state(self, seed: int) -> dict[str, Any]:
-    """A fresh train state (call under jit with out_shardings)."""
-    params_key, _ = jax.random.split(jax.random.key(seed))
-    return self.state_for(self.init_params(params_key), seed)
-
-  def state_for(self, params: Params, seed: int,
-                step: int = 0) -> dict[str, Any]:
-    """The train state of a run with ``seed`` holding ``params`` at ``step``
-    with a fresh optimizer state (imported parameters start here)."""
-    return train_state(params, self.tx, seed, step)
-
-  def abstract_state(self, seed: int = 0) -> dict[str, Any]:
-    return jax.eval_shape(lambda: self.init_state(seed))
+def _positive_int(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise UsageError(f'config.{name} must be a positive integer, got '
+                     f'{value!r}.')
 
 
-def setup(cfg: ml_collections.ConfigDict, tokenizer_vocab: int) -> Setup:
-  mc = checks.model_config(cfg, tokenizer_vocab)
-  checks.check_lengths(cfg, mc)
-  cls = checks.check_model_kind(cfg)
-  model_def, abstract_params = abstract(lambda: cls(mc, nnx.Rngs(0)))
-  adapters = cfg.get('lora') or {}
-  if adapters.get('rank'):
-    model_def, abstract_params = lora.with_adapters(
-        model_def, abstract_params, adapters['rank'], adapters['alpha'],
-        adapters['targets'])
-  schedule = optim.make_schedule(cfg.optim, mc.d_model, cfg.num_steps)
-  tx = optim.make_optimizer(cfg.optim, schedule,
-                            lora.trainable(abstract_params))
-  return Setup(mc, cls, model_def, abstract_params, schedule, tx)
-
-
-def with_optimizer(base: Setup, cfg: ml_collections.ConfigDict) -> Setup:
-  """base with cfg's schedule and optimizer (e.g. another gradient
-  accumulation), its model unchanged: no model is built again."""
-  schedule = optim.make_schedule(cfg.optim, base.model_config.d_model,
-                                 cfg.num_steps)
-  return dataclasses.replace(
-      base, schedule=schedule,
-      tx=optim.make_optimizer(cfg.optim, schedule,
-                              lora.trainable(base.abstract_params)))
-
-
-def abstract_state_of(setup: Setup, seed: int = 0) -> dict[str, Any]:
-  """setup.abstract_state() from its abstract parameters: the optimizer
-  state's shapes without initialising a model."""
-  return jax.eval_shape(lambda p: train_state(p, setup.tx, seed),
-                        setup.abstract_params)
+def base_config() -> ConfigDict:
+  """The default Experiment as the ConfigDict a config file starts from
+  and the command line overrides (``fields.to_config_dict``)."""
+  return fields.to_config_dict(Experiment())

@@ -19,15 +19,15 @@ import dataclasses
 from typing import Any, Callable, Iterable, Protocol
 
 import jax
-import ml_collections
 import numpy as np
 
 from jax_transformer.data.pipeline import Batches
 from jax_transformer.data.tokenizers import Tokenizer
 from jax_transformer.runtime.workdir import WorkdirPaths
-from jax_transformer.train.experiment import Setup
+from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.goodput import Clock
 from jax_transformer.train.metrics import MetricWriter
+from jax_transformer.train.model_setup import Setup
 
 # In the order a step meets them.
 MOMENTS = ('start', 'before_step', 'compiling', 'compiled', 'launching',
@@ -167,7 +167,7 @@ class Hooks:
 class Run:
   """What the loop shares with its hooks: the run's fixed parts, its state
   and how far it got."""
-  cfg: ml_collections.ConfigDict
+  cfg: Experiment
   workdir: WorkdirPaths
   mesh: jax.sharding.Mesh
   setup: Setup

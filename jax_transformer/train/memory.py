@@ -49,12 +49,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from jax_transformer.errors import UsageError
 from jax_transformer.model import attention, sharding
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.train import experiment
+from jax_transformer.train.experiment import Experiment
 
 GB = 1e9
 _GIB = 2 ** 30
@@ -100,11 +99,11 @@ class Budget:
   source: str
 
   @classmethod
-  def of(cls, cfg: ml_collections.ConfigDict,
+  def of(cls, cfg: Experiment,
          device_kind: str | None = None) -> 'Budget':
     """config.device_memory_gb when set, else the built-in figure for the
     device kind (default: that of this process's first device)."""
-    configured = cfg.get('device_memory_gb')
+    configured = cfg.device_memory_gb
     if configured is not None:
       return cls(int(configured * GB),
                  f'config.device_memory_gb is {configured:g}')
@@ -297,18 +296,19 @@ def activation_bytes(mc: ModelConfig, batch: int, tgt_len: int,
   return int(layers + ends + logits)
 
 
-def estimate(cfg: ml_collections.ConfigDict, model_config: ModelConfig,
+def estimate(cfg: Experiment, model_config: ModelConfig,
              abstract_state: dict[str, Any], shardings: dict[str, Any],
              mesh: jax.sharding.Mesh) -> Footprint:
   """The per-device footprint of this run's train step, before compiling
   (``shardings`` as ``steps.state_shardings`` plans them)."""
+  cfg = Experiment.of(cfg)
   params, rest = state_bytes(abstract_state, shardings)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   # A loss chunk takes rows from the whole batch: each device holds its
   # share.
-  chunk = cfg.get('loss_chunk_size') or 0
+  chunk = cfg.loss_chunk_size
   acts = activation_bytes(model_config, cfg.batch_size // shards,
-                          cfg.seq_len, experiment.source_len(cfg),
+                          cfg.seq_len, cfg.source_len,
                           mesh.shape['tensor'], -(-chunk // shards))
   # Gradients have the parameters' shapes, dtypes and shardings.
   return Footprint(params, rest, params, acts,

@@ -10,13 +10,13 @@ import os
 from typing import Mapping
 
 import jax
-import ml_collections
 from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import experiment, optim, perf
+from jax_transformer.train import optim, perf
+from jax_transformer.train.experiment import Experiment
 
 
 class MetricWriter:
@@ -168,7 +168,7 @@ class Rows:
   moments add (evaluation, time parts); then ``logged``.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, setup):
+  def __init__(self, cfg: Experiment, setup):
     self._cfg = cfg
     self._setup = setup
     self._rates = Throughput(cfg, setup.model_config)
@@ -201,11 +201,12 @@ class Throughput:
   device's peak is known (config.peak_tflops, or built in for H100, H200,
   A100 and TPUs), model FLOPs utilisation (see ``perf.py``)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, model_config):
+  def __init__(self, cfg: Experiment, model_config):
+    cfg = Experiment.of(cfg)
     self.step_flops = perf.step_flops(model_config, cfg.batch_size,
-                                      experiment.source_len(cfg),
+                                      cfg.source_len,
                                       cfg.seq_len)['train']
-    peak = cfg.get('peak_tflops')
+    peak = cfg.peak_tflops
     peak = (peak * 1e12 if peak else
             perf.peak_flops(jax.devices()[0].device_kind))
     self.peak = None if peak is None else peak * jax.device_count()
@@ -222,12 +223,12 @@ class Throughput:
     return out
 
 
-def summarise(sums: list[dict], setup, cfg: ml_collections.ConfigDict,
+def summarise(sums: list[dict], setup, cfg: Experiment,
               step: int) -> dict[str, float]:
   """Losses per target token, the last gradient norm and learning rate of
   the steps whose host metrics are ``sums``, the last being ``step``."""
   tokens = sum(float(m['tokens']) for m in sums)
-  updates = (step - 1) // int(cfg.optim.get('grad_accum_steps', 1))
+  updates = (step - 1) // cfg.optim.grad_accum_steps
   return {
       'loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
       'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),

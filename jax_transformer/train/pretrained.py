@@ -31,7 +31,6 @@ import struct
 from typing import Any, Callable, Mapping
 
 import jax
-import ml_collections
 import ml_dtypes
 import numpy as np
 from absl import flags
@@ -46,12 +45,13 @@ from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import checkpoint, checks, experiment
+from jax_transformer.train import checkpoint, experiment, model_setup
+from jax_transformer.train.experiment import Experiment
 
 HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
 HF_INDEX = HF_WEIGHTS + '.index.json'
 # Fields a run takes from its own config, whatever the checkpoint's were.
-RUNTIME_FIELDS = (*checks.RUNTIME_MODEL_FIELDS, 'param_dtype')
+RUNTIME_FIELDS = (*experiment.RUNTIME_MODEL_FIELDS, 'param_dtype')
 
 
 # ----------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def workdir_source(path: str) -> Source:
     raise UsageError(f'config.init_from={path} has no config.json: not a '
                      'training workdir.')
   tokenizer = load_tokenizer(paths.tokenizer)
-  setup = experiment.setup(cfg, tokenizer.vocab_size)
+  setup = model_setup.build(cfg, tokenizer.vocab_size)
 
   def place(model_config, shardings):
     del model_config  # the workdir's own
@@ -353,9 +353,9 @@ def place_tensors(files: TensorFiles, family: hf_families.Family,
 # The trainer's two calls.
 
 
-def command_line_overrides(cfg: ml_collections.ConfigDict) -> set[str]:
+def command_line_overrides(cfg: Any) -> set[str]:
   """The config fields given on train.py's command line
-  (``model.d_model``, ...), when ``cfg`` is the one it parsed."""
+  (``model.d_model``, ...), when ``cfg`` is the ConfigDict it parsed."""
   try:
     flag = flags.FLAGS['config']
     if flag.value is not cfg:
@@ -377,30 +377,32 @@ def source_fields(path: str, workdir: WorkdirPaths | None = None
   return source.model_kind, source.fields
 
 
-def resolve_config(cfg: ml_collections.ConfigDict,
+def resolve_config(cfg: Experiment,
                    workdir: str | WorkdirPaths | None = None,
-                   explicit: set[str] | None = None) -> None:
-  """With ``config.init_from`` set, sets ``config.model_kind`` and every
-  architecture field of ``config.model`` to the checkpoint's (in place).
+                   explicit: set[str] = frozenset()) -> Experiment:
+  """cfg with, where ``config.init_from`` is set, ``config.model_kind``
+  and every architecture field of ``config.model`` the checkpoint's.
 
-  explicit: the fields given on the command line (default: train.py's,
+  explicit: the fields given on the command line (train.py's:
   :func:`command_line_overrides`); one of them with another value than the
   checkpoint's is refused in one sentence.
   """
-  path = cfg.get('init_from')
+  cfg = Experiment.of(cfg)
+  path = cfg.init_from
   if not path:
-    return
+    return cfg
   paths = None if workdir is None else resolve(workdir)
   kind, fields = source_fields(os.fspath(path), paths)
-  explicit = command_line_overrides(cfg) if explicit is None else explicit
-  apply_fields(cfg, path, kind, fields, explicit)
+  return apply_fields(cfg, path, kind, fields, explicit)
 
 
-def apply_fields(cfg: ml_collections.ConfigDict, path: str, kind: str,
-                 fields: Mapping[str, Any], explicit: set[str]) -> None:
-  """Sets model_kind and config.model's architecture fields to a source's,
-  refusing one given explicitly with another value."""
-  current = cfg.model.to_dict()
+def apply_fields(cfg: Experiment, path: str, kind: str,
+                 fields: Mapping[str, Any], explicit: set[str]
+                 ) -> Experiment:
+  """cfg with model_kind and config.model's architecture fields a
+  source's, refusing one given explicitly with another value."""
+  cfg = Experiment.of(cfg)
+  current = dataclasses.asdict(cfg.model)
   wrong = [f'model.{k}' for k, v in fields.items()
            if f'model.{k}' in explicit and current.get(k) != v]
   if 'model_kind' in explicit and cfg.model_kind != kind:
@@ -412,11 +414,8 @@ def apply_fields(cfg: ml_collections.ConfigDict, path: str, kind: str,
     raise UsageError(f'config.init_from={path} holds a model with {theirs}; '
                      f'drop --config.{" --config.".join(wrong)} (the model '
                      'comes from the checkpoint) or leave init_from unset.')
-  with cfg.unlocked():
-    cfg.model_kind = kind
-    for k, v in fields.items():
-      if k in current and current[k] != v:
-        cfg.model[k] = v
+  return cfg.replace(model_kind=kind, model=cfg.model.replace(
+      **{k: v for k, v in fields.items() if k in current}))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -439,14 +438,14 @@ class Start:
                    out_shardings=shardings, donate_argnums=0)(params)
 
 
-def frozen_base(cfg: ml_collections.ConfigDict,
+def frozen_base(cfg: Experiment,
                 abstract: Mapping[str, jax.ShapeDtypeStruct]
                 ) -> dict[str, jax.Array]:
   """The frozen base of a LoRA run whose config is ``cfg`` (a workdir's
   config.json), read again from its config.init_from and placed on the
   shardings of ``abstract`` (the base parameters): what a restore adds to
   the adapters a checkpoint holds."""
-  path = cfg.get('init_from')
+  path = cfg.init_from
   if not path:
     raise UsageError('This run\'s checkpoints hold LoRA adapters alone but '
                      'its config.json has no init_from to read the base '
@@ -457,17 +456,17 @@ def frozen_base(cfg: ml_collections.ConfigDict,
     raise UsageError(f'A LoRA run reads its frozen base from config.init_from'
                      f'={path} (as in its config.json, relative to the '
                      f'current directory) at every start: {e}') from None
-  model_config = checks.model_config(cfg, cfg.model.get('vocab_size') or 1)
+  model_config = cfg.model_config(cfg.model.vocab_size or 1)
   params = source.place(model_config,
                         {k: v.sharding for k, v in abstract.items()})
   return {k: params[k] for k in abstract}
 
 
-def start(cfg: ml_collections.ConfigDict, has_checkpoint: bool
+def start(cfg: Experiment, has_checkpoint: bool
           ) -> Start | None:
   """The pretrained model a new run starts from (None: no init_from, or the
   workdir already has a checkpoint, which then wins)."""
-  path = cfg.get('init_from')
+  path = cfg.init_from
   if not path or has_checkpoint:
     return None
   source = open_source(os.fspath(path))

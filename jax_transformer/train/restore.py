@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
@@ -26,7 +25,8 @@ from jax_transformer.runtime.workdir import (
   WorkdirPaths,
   resolve,
 )
-from jax_transformer.train import checkpoint, experiment, pretrained
+from jax_transformer.train import checkpoint, model_setup, pretrained
+from jax_transformer.train.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -38,9 +38,9 @@ class Workdir:
   """
   path: str
   paths: WorkdirPaths
-  config: ml_collections.ConfigDict
+  config: Experiment
   tokenizer: Any
-  setup: experiment.Setup
+  setup: model_setup.Setup
   steps: tuple[int, ...]  # checkpointed steps, ascending
 
   def model(self, params):
@@ -60,6 +60,8 @@ def open_workdir(location: str | WorkdirPaths) -> Workdir:
     raise UsageError(f'{path} is not a directory; give a training workdir.')
   try:
     cfg = checkpoint.load_config(paths)
+  except UsageError:  # a field no experiment has
+    raise
   except ValueError as e:  # json.JSONDecodeError
     raise UsageError(f'{path}/{CONFIG_FILE} is not valid JSON '
                      f'({e}); restore it from the training run.') from None
@@ -67,7 +69,7 @@ def open_workdir(location: str | WorkdirPaths) -> Workdir:
     raise UsageError(f'{path} has no {CONFIG_FILE}: not a '
                      'training workdir (train.py writes one).')
   tokenizer = _tokenizer(paths)
-  setup = experiment.setup(cfg, tokenizer.vocab_size)
+  setup = model_setup.build(cfg, tokenizer.vocab_size)
   checkpointer = checkpoint.Checkpointer(paths, async_save=False)
   try:
     steps = tuple(sorted(checkpointer.manager.all_steps()))
@@ -209,7 +211,7 @@ def inference_mesh(workdir: Workdir, devices: Sequence[jax.Device] | None
   devices = list(jax.local_devices() if devices is None else devices)
   shapes = {k: v.shape for k, v in workdir.setup.abstract_params.items()}
   specs = sharding.param_specs(workdir.setup.model_def.logical_axes)
-  trained_on = {axis: workdir.config.mesh.get(axis, 1)
+  trained_on = {axis: getattr(workdir.config.mesh, axis)
                 for axis in sharding.MESH_AXES}
   candidates = [(trained_on, devices)]
   candidates += [({'data': 1, 'fsdp': k, 'tensor': 1}, devices[:k])
@@ -243,7 +245,7 @@ class Trained:
   the tokenizer and config it was trained with, and its step."""
   model: Any
   tokenizer: Any
-  config: ml_collections.ConfigDict
+  config: Experiment
   step: int
   mesh: Mesh | None = None  # where the parameters are (inference_mesh)
 

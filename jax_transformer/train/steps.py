@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -24,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_transformer.model import lora, sharding
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
+from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
 
 Batch = dict[str, jax.Array]
@@ -176,26 +176,28 @@ def state_shardings(setup, mesh, abstract_state):
   return shardings, param_specs
 
 
-def jit_train_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
+def jit_train_step(cfg: Experiment, setup, mesh, shardings):
   """The run's train step, jitted for its state shardings and mesh (the
   state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
   that the activation constraints apply."""
+  cfg = Experiment.of(cfg)
   return jax.jit(
       make_train_step(setup.model_def, setup.tx, cfg.optim.label_smoothing,
                       cfg.optim.z_loss, packed=bool(cfg.data.pack),
-                      loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+                      loss_chunk_size=cfg.loss_chunk_size),
       in_shardings=(shardings, sharding.batch_sharding(mesh)),
       out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
       donate_argnums=0)
 
 
-def jit_eval_step(cfg: ml_collections.ConfigDict, setup, mesh, shardings):
+def jit_eval_step(cfg: Experiment, setup, mesh, shardings):
   """The run's eval step over its sharded params (evaluation batches are
   never packed, see data.pipeline); like jit_train_step, call or lower it
   with the mesh in context (``traced_under``)."""
+  cfg = Experiment.of(cfg)
   return jax.jit(
       make_eval_step(setup.model_def, packed=False,
-                     loss_chunk_size=cfg.get('loss_chunk_size') or 0),
+                     loss_chunk_size=cfg.loss_chunk_size),
       in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
       out_shardings=NamedSharding(mesh, PartitionSpec()))
 

@@ -15,7 +15,6 @@ import time
 from typing import Any, Sequence
 
 import jax
-import ml_collections
 from absl import logging
 
 from jax_transformer import data
@@ -34,7 +33,6 @@ from jax_transformer.train import (
   checkpoint,
   checks,
   evaluating,
-  experiment,
   finite,
   goodput,
   memory,
@@ -44,9 +42,11 @@ from jax_transformer.train import (
   pretrained,
   profiling,
   progress,
+  run_plan,
   steps,
 )
 from jax_transformer.train.evaluating import evaluate  # noqa: F401 (tests wrap it)
+from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.finite import check_finite  # noqa: F401
 from jax_transformer.train.hooks import Hooks, Run
 
@@ -60,7 +60,7 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
-def train_and_evaluate(cfg: ml_collections.ConfigDict,
+def train_and_evaluate(cfg: Experiment | Any,
                        workdir: str | WorkdirPaths,
                        hooks: Sequence[Any] = ()) -> dict[str, Any]:
   """Trains (resuming from workdir if it holds a checkpoint); returns the
@@ -73,9 +73,12 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   """
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
-  checks.check_run_fields(cfg)
+  explicit = pretrained.command_line_overrides(cfg)  # train.py's ConfigDict
+  cfg = Experiment.of(cfg)
+  cfg.check()
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
-  pretrained.resolve_config(cfg, workdir)  # config.init_from's model fields
+  # config.init_from's model fields
+  cfg = pretrained.resolve_config(cfg, workdir, explicit)
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
   # What the workdir held before this start (None: no such folder).
@@ -110,7 +113,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict,
   return run.row
 
 
-def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
+def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
            checkpointer: checkpoint.Checkpointer,
            writer: metrics.MetricWriter, extra_hooks: Sequence[Any],
            stop: preemption.Preemption):
@@ -124,15 +127,12 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
   tokenizer = checkpoint.run_tokenizer(
       workdir, start.tokenizer if start else prepared.tokenizer,
       checkpointer.latest_step() is not None)
-  setup = experiment.setup(cfg, tokenizer.vocab_size)
-  abstract_state = setup.abstract_state(cfg.seed)
-  shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
+  plan = run_plan.build(cfg, mesh, tokenizer.vocab_size)
+  setup, abstract_state = plan.setup, plan.abstract_state
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
-                      param_specs, mesh))
+                      plan.param_specs, mesh))
   budget = memory.Budget.of(cfg)
-  footprint = memory.estimate(cfg, setup.model_config, abstract_state,
-                              shardings, mesh)
-  log(memory.preflight(footprint, budget))
+  log(memory.preflight(plan.estimate, budget))
   # Before the side files: a refused run leaves no config.json that a
   # rerun with longer rows would have to match.
   check_data(cfg, tokenizer)
@@ -145,28 +145,25 @@ def _start(cfg: ml_collections.ConfigDict, workdir: WorkdirPaths, mesh,
 
   train_iter = data.train_iterator(cfg, tokenizer)
   if checkpointer.latest_step() is not None:
-    state, data_state = checkpointer.restore(
-        steps.sharded_abstract(abstract_state, shardings))
+    state, data_state = checkpointer.restore(plan.sharded_state)
     train_iter.set_state(data_state)
     log(f'Resumed from step {int(state["step"])} in {workdir}.')
   elif start:  # config.init_from: its parameters, a fresh optimizer
-    state = start.state(setup, cfg.seed, shardings)
+    state = start.state(setup, cfg.seed, plan.shardings)
     log(f'Started from {start.source.path} ({start.source.what}).')
   else:
-    state = jax.jit(lambda: setup.init_state(cfg.seed),
-                    out_shardings=shardings)()
+    state = plan.fresh_state()
   run = Run(cfg, workdir, mesh, setup, tokenizer, writer, clock, train_iter,
             state, step=int(jax.device_get(state['step'])))
-  eval_step = steps.traced_under(
-      mesh, steps.jit_eval_step(cfg, setup, mesh, shardings))
+  eval_step = steps.traced_under(mesh, plan.eval_step())
   run.hooks = Hooks(make_hooks(run, checkpointer, eval_step, extra_hooks,
                                stop), clock)
   stop.check()
   stop.at_once = None  # the state is made: a signal now saves, then stops
-  train_step = steps.jit_train_step(cfg, setup, mesh, shardings)
+  train_step = plan.train_step()
   return run, lambda run, batch: _compile(
       run, train_step, batch,
-      lambda compiled: memory.after_compile(compiled, budget, footprint))
+      lambda compiled: memory.after_compile(compiled, budget, plan.estimate))
 
 
 def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
@@ -213,7 +210,7 @@ def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
   cfg = run.cfg
   stop = stop or preemption.Preemption(at_once=None)
   # Ends this process if nothing progresses for config.step_timeout_s.
-  watch = stall.StallWatch(cfg.get('step_timeout_s'),
+  watch = stall.StallWatch(cfg.step_timeout_s,
                            os.fspath(run.workdir.checkpoints))
   return [
       preemption.FirstBatchRead(stop),
@@ -224,7 +221,7 @@ def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
       evaluating.Evaluation(cfg, eval_step, stop, watch, evaluate),
       *extra,
       finite.FiniteCheck(checkpointer,
-                         cfg.optim.get('max_skipped_updates', 0)),
+                         cfg.optim.max_skipped_updates),
       stop,
       checkpoint.Saving(checkpointer, cfg.checkpoint_every),
       evaluating.Sample(cfg, stop),
@@ -315,7 +312,7 @@ class InFlight:
     return time.perf_counter() - start
 
 
-def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
+def prepare_data(cfg: Experiment) -> data.PreparedData:
   """Builds the dataset once (process 0 first, the others then load it)."""
   def prepare():
     return data.mixture.prepare_for(cfg.data, seq_len=cfg.seq_len,
@@ -340,7 +337,7 @@ def prepare_data(cfg: ml_collections.ConfigDict) -> data.PreparedData:
   return prepare()
 
 
-def check_data(cfg: ml_collections.ConfigDict, tokenizer) -> None:
+def check_data(cfg: Experiment, tokenizer) -> None:
   """The data pre-flight (data/preflight.py): a line per training source
   (examples kept, cut and dropped at the run's rows, loss tokens per
   batch), a warning where many are cut or dropped, and a refusal in one

@@ -14,7 +14,7 @@ from jax_transformer import cli
 from jax_transformer.compile import report
 from jax_transformer.errors import UsageError
 from jax_transformer.model import sharding
-from jax_transformer.train import experiment, steps
+from jax_transformer.train import model_setup, steps
 
 OVER_HBM = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory '
             'required for HLO temporaries (154.18G) exceeds available HBM '
@@ -44,7 +44,7 @@ def test_the_compilers_refusal_is_a_figure_with_or_without_one():
 
 def test_the_decode_turns_the_compilers_refusal_into_a_figure(monkeypatch):
   cfg = cli.load_config('lm_shakespeare:tiny')
-  setup = experiment.setup(cfg, 64)
+  setup = model_setup.build(cfg, 64)
   mesh = sharding.make_mesh(cfg.mesh)
   shardings, _ = steps.state_shardings(setup, mesh,
                                        setup.abstract_state(cfg.seed))

@@ -138,3 +138,31 @@ def test_rows_are_framed_with_the_tokenizers_own_markers():
   ex = batching.lm_example([5, 6], *batching.markers(GPT2Like()))
   np.testing.assert_array_equal(ex['inputs'], [50256, 5, 6])
   np.testing.assert_array_equal(ex['targets'], [5, 6, 50256])
+
+
+def test_chat_train_last_trains_the_final_reply_alone(tmp_path):
+  """config.data.chat_train: 'all' (default) trains both replies of a
+  two-reply chat, 'last' the second alone; the inputs are the same."""
+  two = [{'messages': [{'role': 'user', 'content': f'Say {i}.'},
+                       {'role': 'assistant', 'content': f'{i}!'},
+                       {'role': 'user', 'content': 'Again.'},
+                       {'role': 'assistant', 'content': f'{i}{i}!'}]}
+         for i in range(12)]
+  path = tmp_path / 'chat.jsonl'
+  write_jsonl(path, two)
+  cfg = cfg_for(tmp_path, path)
+  prepared = data.prepare_for(cfg)
+  every = first_batch(cfg, prepared, seq_len=128)
+  last = first_batch(dict(cfg, chat_train='last'), prepared, seq_len=128)
+  np.testing.assert_array_equal(every['inputs'], last['inputs'])
+  tok = prepared.tokenizer
+  for row in range(len(every['inputs'])):
+    def trained(b):
+      return tok.decode([t for t, m in zip(b['targets'][row],
+                                           b['loss_mask'][row])
+                         if m and t != tok.eos_id])
+    prompt = tok.decode(list(every['inputs'][row]))
+    both, final = trained(every), trained(last)
+    assert final and final in both and len(final) < len(both), (prompt,)
+  with pytest.raises(UsageError, match="chat_train must be 'all' or 'last'"):
+    data.DataConfig.of(dict(cfg, chat_train='first')).check()

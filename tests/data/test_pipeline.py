@@ -276,12 +276,15 @@ def test_prepare_again_reuses_everything(prepared):
       'The cat sleeps.')
 
 
-def test_data_config_from_any():
+def test_data_config_of_a_name_a_dict_or_a_config_dict():
   cfg = ml_collections.ConfigDict({'name': 'ding_en_de', 'direction': 'de-en',
-                                   'pack': True, 'batch_size': 32})
-  dc = data.DataConfig.from_any(cfg)
+                                   'pack': True})
+  dc = data.DataConfig.of(cfg)
   assert (dc.name, dc.direction, dc.pack, dc.src_len) == (
       'ding_en_de', 'de-en', True, None)
-  assert data.DataConfig.from_any('lm1b') == data.DataConfig(name='lm1b')
+  assert data.DataConfig.of(cfg.to_dict()) == dc
+  with pytest.raises(ValueError, match="config.data has no field 'batch_s"):
+    data.DataConfig.of({'name': 'lm1b', 'batch_size': 32})
+  assert data.DataConfig.of('lm1b') == data.DataConfig(name='lm1b')
   with pytest.raises(ValueError, match='Unknown dataset'):
     data.get_spec('nope')

@@ -29,7 +29,8 @@ from jax_transformer.interop import importer
 from jax_transformer.interop.torch_reference import TorchTransformer
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.models import DecoderLM
-from jax_transformer.train import checkpoint, checks, restore, trainer
+from jax_transformer.train import checkpoint, restore, trainer
+from jax_transformer.train.experiment import Experiment
 
 ENDE = os.path.join(repo.ROOT, 'configs/translate_ende.py:tiny')
 GPT2 = os.path.join(repo.ROOT, 'configs/gpt2_small.py:shakespeare')
@@ -92,7 +93,7 @@ def ende_file(tmp_path_factory):
   would: torch.save(model.state_dict()), no JSON."""
   root = tmp_path_factory.mktemp('ende')
   cfg = IMPORT.load_config(ENDE, [])
-  config = checks.model_config(cfg, 260).replace(vocab_size=260)
+  config = Experiment.of(cfg).model_config(260).replace(vocab_size=260)
   ref = randomize(TorchTransformer.from_config(config), seed=1)
   path = str(root / 'ende.pt')
   torch.save(ref.state_dict(), path)
@@ -356,7 +357,7 @@ def test_export_refuses_bad_input(capsys, tmp_path, ende_workdir):
 def test_layouts_that_cannot_hold_the_model_name_every_field():
   cfg = IMPORT.load_config(os.path.join(repo.ROOT, 'configs/lm_shakespeare.py:tiny'),
                            ['--config.model.vocab_size=64'])
-  model = nnx.eval_shape(lambda: DecoderLM(checks.model_config(cfg, 64)))
+  model = nnx.eval_shape(lambda: DecoderLM(Experiment.of(cfg).model_config(64)))
   trained = restore.Trained(model, data.ByteTokenizer(), cfg, 0)
   # hf writes a rotary model as Llama, whose SwiGLU a GELU model lacks.
   for fmt, fields in (('hf', ("activation='gelu'",)),

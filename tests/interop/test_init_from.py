@@ -44,8 +44,8 @@ def test_model_fields_come_from_the_checkpoint(llama_dir):
   folder, _ = llama_dir
   cfg = IMPORT.load_config(GPT2, [f'--config.init_from={folder}',
                                   '--config.model.dropout_rate=0.0'])
-  pretrained.resolve_config(cfg, explicit={'init_from',
-                                           'model.dropout_rate'})
+  cfg = pretrained.resolve_config(cfg, explicit={'init_from',
+                                                 'model.dropout_rate'})
   m = cfg.model
   assert (m.d_model, m.num_heads, m.num_kv_heads, m.num_decoder_layers,
           m.d_ff, m.vocab_size) == (32, 4, 2, 2, 64, VOCAB)

@@ -102,20 +102,20 @@ def test_a_batch_no_layout_can_split_is_one_sentence():
 
 
 def test_a_setup_with_another_accumulation_has_the_same_state_shapes():
-  from jax_transformer.train import experiment
+  from jax_transformer.train import model_setup
   cfg = tiny_lm()
   accumulating = cfg.copy_and_resolve_references()
   accumulating.optim.grad_accum_steps = 4
-  built = experiment.setup(accumulating, 64)
-  derived = experiment.with_optimizer(experiment.setup(cfg, 64),
+  built = model_setup.build(accumulating, 64)
+  derived = model_setup.with_optimizer(model_setup.build(cfg, 64),
                                       accumulating)
   want = built.abstract_state(0)
-  got = experiment.abstract_state_of(derived, 0)
+  got = model_setup.abstract_state_of(derived, 0)
   assert jax.tree.structure(got) == jax.tree.structure(want)
   assert jax.tree.leaves(jax.tree.map(lambda a, b: (a.shape, a.dtype) == (
       b.shape, b.dtype), got, want)) == [True] * len(jax.tree.leaves(want))
   assert len(jax.tree.leaves(want)) > len(jax.tree.leaves(
-      experiment.setup(cfg, 64).abstract_state(0)))  # the accumulator
+      model_setup.build(cfg, 64).abstract_state(0)))  # the accumulator
 
 
 def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
@@ -152,9 +152,9 @@ def test_the_guess_counts_the_heads_reads_of_each_loss_chunk():
   from jax_transformer import cli
   from jax_transformer.plan import candidates as cands
   from jax_transformer.plan import search
-  from jax_transformer.train import experiment
+  from jax_transformer.train import model_setup
   cfg = cli.load_config('lm_350m')
-  mc = experiment.setup(cfg, 32768).model_config
+  mc = model_setup.build(cfg, 32768).model_config
   small, per_shard = (cands.Candidate(1, 256, 1, 'dots', 'float32', chunk,
                                       1024, 1) for chunk in (8192, 262144))
   head = mc.d_model * mc.vocab_size

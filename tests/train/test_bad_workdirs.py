@@ -27,7 +27,8 @@ from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import DecoderLM
 from jax_transformer.runtime import workdir as workdir_lib
-from jax_transformer.train import checkpoint, checks, experiment, restore
+from jax_transformer.train import checkpoint, model_setup, restore
+from jax_transformer.train.experiment import Experiment
 
 # Reading a corrupt checkpoint, Orbax leaves its other reads unawaited; their
 # errors (the same failure the tests check) surface later as unraisable.
@@ -52,7 +53,7 @@ def good_workdir(tmp_path_factory):
   cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = str(tmp_path_factory.mktemp('unprepared'))
   tokenizer = data.ByteTokenizer()
-  setup = experiment.setup(cfg, tokenizer.vocab_size)
+  setup = model_setup.build(cfg, tokenizer.vocab_size)
   checkpoint.save_side_files(path, cfg, tokenizer)
   saver = checkpoint.Checkpointer(path, async_save=False)
   saver.save(setup.init_state(cfg.seed), {})
@@ -224,8 +225,8 @@ def test_generate_refuses_bad_input_with_a_real_checkpoint(
 
 
 def tiny_lm():
-  return DecoderLM(checks.model_config(
-      load_config('lm_shakespeare:tiny'), data.ByteTokenizer().vocab_size))
+  exp = Experiment.of(load_config('lm_shakespeare:tiny'))
+  return DecoderLM(exp.model_config(data.ByteTokenizer().vocab_size))
 
 
 @pytest.mark.parametrize('prompt, needle', [

@@ -9,7 +9,8 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
-from jax_transformer.train import checks, goodput, metrics, profiling, trainer
+from jax_transformer.train import goodput, metrics, profiling, trainer
+from jax_transformer.train.experiment import Experiment
 
 
 class FakeTime:
@@ -60,7 +61,7 @@ def test_bad_profile_fields_are_refused(fields, message):
   cfg = load_config('lm_shakespeare:tiny')
   cfg.profile.update(fields)
   with pytest.raises(UsageError, match=message):
-    checks.check_run_fields(cfg)
+    Experiment.of(cfg).check()
 
 
 def traces(workdir):

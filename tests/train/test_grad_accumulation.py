@@ -9,7 +9,7 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import checkpoint, experiment, optim, steps
+from jax_transformer.train import checkpoint, model_setup, optim, steps
 
 VOCAB = 64
 T = 16
@@ -43,7 +43,7 @@ def tiny_cfg(accum, optimizer):
 
 def train(cfg, batches):
   """The params after one jitted train step per batch, from seed 0."""
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx))
   state = setup.init_state(cfg.seed)
   for batch in batches:
@@ -63,7 +63,7 @@ def test_accumulated_updates_equal_steps_on_concatenated_batches(optimizer):
   accumulated = train(tiny_cfg(2, optimizer), micro)
   one_step = train(tiny_cfg(1, optimizer),
                    [concat(*micro[:2]), concat(*micro[2:])])
-  start = experiment.setup(tiny_cfg(1, optimizer), VOCAB).init_state(0)
+  start = model_setup.build(tiny_cfg(1, optimizer), VOCAB).init_state(0)
   for name, want in one_step['params'].items():
     got = accumulated['params'][name]
     assert not np.array_equal(want, start['params'][name]), name
@@ -77,7 +77,7 @@ def test_without_accumulation_the_step_is_todays():
   cfg = tiny_cfg(1, 'adamw')
   cfg.optim.update(eps=1e-9, clip_norm=0.5, schedule='warmup_cosine',
                    warmup_steps=2)
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   o = cfg.optim
   reference_tx = optax.chain(
       optax.clip_by_global_norm(o.clip_norm),
@@ -113,8 +113,7 @@ def test_the_run_ends_at_the_schedules_end_value():
   cfg = dict(tiny_cfg(2, 'adam').optim, schedule='warmup_cosine',
              learning_rate=1e-3, warmup_steps=8, final_lr_fraction=0.1)
   params = {'w': jnp.zeros((3,))}
-  schedule = optim.make_schedule(cfg, 32, num_steps=40)
-  tx = optim.make_optimizer(cfg, schedule, params)
+  schedule, tx = optim.OptimConfig(**cfg).build(32, 40, params)
   update = jax.jit(lambda state: tx.update(
       {'w': jnp.ones((3,))}, state, params, loss=jnp.float32(1.0),
       tokens=jnp.float32(3.0))[1])
@@ -130,7 +129,7 @@ def test_the_run_ends_at_the_schedules_end_value():
 def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
   cfg = tiny_cfg(2, 'adamw')
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh)
   abstract = setup.abstract_state(cfg.seed)
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract)
@@ -161,7 +160,7 @@ def test_a_checkpoint_of_the_multisteps_state_is_refused_in_one_sentence(
   """A checkpoint written before per-token accumulation (optax.MultiSteps
   around clipping and Adam) does not restore, and one sentence says why."""
   cfg = tiny_cfg(2, 'adam')
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   state = setup.init_state(cfg.seed)
   o = cfg.optim
   old_tx = optax.MultiSteps(optax.chain(

@@ -15,7 +15,8 @@ from flax import nnx
 from jax_transformer.errors import UsageError
 from jax_transformer.model import lora, sharding
 from jax_transformer.model import params as params_lib
-from jax_transformer.train import checks, experiment, steps
+from jax_transformer.train import model_setup, steps
+from jax_transformer.train.experiment import Experiment
 
 LM = os.path.join(repo.ROOT, 'configs/lm_shakespeare.py')
 
@@ -51,7 +52,7 @@ def logits(model, b):
 
 @pytest.mark.parametrize('scan', [False, True])
 def test_forward_equals_the_base_model_with_merged_weights(scan):
-  setup = experiment.setup(tiny_config(scan_layers=scan), 100)
+  setup = model_setup.build(tiny_config(scan_layers=scan), 100)
   params = jax.jit(lambda: setup.init_state(0))()['params']
   params.update(random_adapters(setup))
   lora_def = setup.model_def
@@ -68,7 +69,7 @@ def test_forward_equals_the_base_model_with_merged_weights(scan):
     b = b.reshape(*t.stack, b.shape[n_stack], -1)
     base[t.kernel] = base[t.kernel] + scale * (a @ b).reshape(
         base[t.kernel].shape)
-  plain = experiment.setup(tiny_config(rank=0, scan_layers=scan), 100)
+  plain = model_setup.build(tiny_config(rank=0, scan_layers=scan), 100)
   assert set(base) == set(plain.abstract_params)
   merged = plain.model_def.merge(
       {k: jnp.asarray(v, jnp.float32) for k, v in base.items()})
@@ -83,7 +84,7 @@ def test_forward_equals_the_base_model_with_merged_weights(scan):
 
 def test_delta_is_flax_nnx_lora():
   """One kernel's merged weight gives nnx.LoRA's x W + (x A) B s."""
-  setup = experiment.setup(tiny_config(targets='wi'), 100)
+  setup = model_setup.build(tiny_config(targets='wi'), 100)
   (target,) = [t for t in setup.model_def.targets
                if t.kernel == 'layers.0.ff.wi']
   d, f = target.in_shape[0], target.out_shape[0]
@@ -103,7 +104,7 @@ def test_delta_is_flax_nnx_lora():
 
 def test_step_zero_is_the_base_model_and_only_adapters_train():
   cfg = tiny_config(targets='query,value')
-  setup = experiment.setup(cfg, 100)
+  setup = model_setup.build(cfg, 100)
   state = jax.jit(lambda: setup.init_state(0))()
   params = state['params']
   adapters = {k for k in params if lora.is_adapter(k)}
@@ -112,7 +113,7 @@ def test_step_zero_is_the_base_model_and_only_adapters_train():
   # B starts at zero: the model is the base model, exactly.
   assert all(not np.any(np.asarray(params[k])) for k in adapters
              if k.endswith('.lora_b'))
-  plain = experiment.setup(tiny_config(rank=0), 100)
+  plain = model_setup.build(tiny_config(rank=0), 100)
   base = {k: v for k, v in params.items() if k not in adapters}
   b = batch(100)
   np.testing.assert_array_equal(logits(setup.model_def.merge(params), b),
@@ -137,7 +138,7 @@ def test_step_zero_is_the_base_model_and_only_adapters_train():
 
 
 def test_adapters_have_logical_axes_that_shard():
-  setup = experiment.setup(tiny_config(scan_layers=True), 100)
+  setup = model_setup.build(tiny_config(scan_layers=True), 100)
   axes = setup.model_def.logical_axes
   assert axes['layers.self_attn.query.lora_a'] == ('layers', 'embed',
                                                    'lora_rank')
@@ -149,7 +150,7 @@ def test_adapters_have_logical_axes_that_shard():
   specs = sharding.param_specs(axes)
   assert tuple(specs['layers.self_attn.query.lora_a']) == (None, 'fsdp', None)
   # Both layouts name the same adapters.
-  unrolled = experiment.setup(tiny_config(scan_layers=False), 100)
+  unrolled = model_setup.build(tiny_config(scan_layers=False), 100)
   assert set(params_lib.scanned(unrolled.abstract_params)) == set(
       setup.abstract_params)
 
@@ -162,19 +163,19 @@ def test_adapters_have_logical_axes_that_shard():
 ])
 def test_bad_targets_are_refused_in_one_sentence(targets, match):
   with pytest.raises(UsageError, match=match) as e:
-    experiment.setup(tiny_config(targets=targets), 100)
+    model_setup.build(tiny_config(targets=targets), 100)
   assert '\n' not in str(e.value)
 
 
 def test_rank_needs_init_from_and_a_positive_alpha():
   cfg = tiny_config()
   with pytest.raises(UsageError, match='set config.init_from'):
-    checks.check_lora(cfg)
+    Experiment.of(cfg).check()
   cfg.init_from = '/somewhere'
-  checks.check_lora(cfg)
+  Experiment.of(cfg).check()
   cfg.lora.alpha = 0.0
   with pytest.raises(UsageError, match='lora.alpha must be a positive'):
-    checks.check_lora(cfg)
+    Experiment.of(cfg).check()
   cfg.lora.rank = -1
   with pytest.raises(UsageError, match='lora.rank must be an integer'):
-    checks.check_lora(cfg)
+    Experiment.of(cfg).check()

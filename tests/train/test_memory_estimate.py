@@ -14,12 +14,12 @@ from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
 from jax_transformer.train import (
   checkpoint,
-  checks,
-  experiment,
   memory,
+  model_setup,
   steps,
   trainer,
 )
+from jax_transformer.train.experiment import Experiment
 
 VOCAB = 64
 
@@ -33,7 +33,7 @@ def lm_cfg(**mesh):
 
 def planned(cfg, devices=None):
   """(setup, mesh, abstract state, shardings) as the trainer plans them."""
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
   shardings, _ = steps.state_shardings(setup, mesh, abstract)
@@ -197,7 +197,7 @@ def test_no_xla_figure_is_reported_not_refused():
 def activations(remat='none', **fields):
   cfg = lm_cfg()
   cfg.model.update(num_decoder_layers=6, remat=remat, **fields)
-  mc = checks.model_config(cfg, VOCAB)
+  mc = Experiment.of(cfg).model_config(VOCAB)
   return memory.activation_bytes(mc, batch=8, tgt_len=64)
 
 
@@ -218,7 +218,7 @@ def test_activation_estimate_counts_what_the_backward_keeps():
 
 def test_chunked_loss_counts_one_chunk_of_logits():
   cfg = lm_cfg()
-  mc = checks.model_config(cfg, VOCAB)
+  mc = Experiment.of(cfg).model_config(VOCAB)
   whole = memory.activation_bytes(mc, 8, 64)
   chunked = memory.activation_bytes(mc, 8, 64, loss_rows=16)
   assert whole - chunked == 2 * 4 * mc.vocab_size * (8 * 64 - 16)
@@ -300,7 +300,7 @@ def test_refusals_leave_the_saved_checkpoint_alone(tmp_path, monkeypatch,
 
 def test_fsdp_counts_one_layer_and_the_embedding_gathered():
   cfg = lm_cfg()
-  mc = checks.model_config(cfg, VOCAB)
+  mc = Experiment.of(cfg).model_config(VOCAB)
   devices = jax.devices()[:4]
   plain = sharding.make_mesh({'data': 4}, devices)
   fsdp = sharding.make_mesh({'data': 1, 'fsdp': 4}, devices)
@@ -315,7 +315,7 @@ def test_fsdp_counts_one_layer_and_the_embedding_gathered():
 
 def test_the_estimate_counts_no_probabilities_where_a_kernel_runs():
   from jax_transformer.model import attention
-  mc = checks.model_config(lm_cfg(), VOCAB)
+  mc = Experiment.of(lm_cfg()).model_config(VOCAB)
   with attention.compiling_for('tpu'):  # the splash kernel
     fused = memory.activation_bytes(mc, batch=8, tgt_len=64)
   probabilities = 4 * mc.num_heads * 64 * 64 * 8 * mc.num_decoder_layers

@@ -15,8 +15,8 @@ from test_grad_accumulation import lm_batch as batch_of
 from jax_transformer.cli import load_config
 from jax_transformer.train import (
   checkpoint,
-  experiment,
   metrics,
+  model_setup,
   optim,
   steps,
   trainer,
@@ -32,7 +32,7 @@ def tiny_setup(max_skipped, accum=1):
   cfg.model.dropout_rate = 0.0
   cfg.optim.update(max_skipped_updates=max_skipped, grad_accum_steps=accum,
                    warmup_steps=0, schedule='constant')
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx))
   return setup, step, setup.init_state(cfg.seed)
 
@@ -156,7 +156,7 @@ def test_max_skipped_updates_is_checked_before_any_data(value, monkeypatch):
 
   monkeypatch.setattr(trainer, 'prepare_data', prepare)
   with pytest.raises(ValueError, match=(
-      r'^config.optim.max_skipped_updates must be a non-negative integer '
+      r'^config.optim.max_skipped_updates must be an integer >= 0 '
       r'\(0: stop at the first non-finite step\), got ')):
     trainer.train_and_evaluate(cfg, '/nonexistent/workdir')
 

@@ -4,9 +4,9 @@ scored, decoded or exported, over this host's devices."""
 import types
 
 import jax
-import ml_collections
 
 from jax_transformer.train import restore
+from jax_transformer.train.experiment import Experiment
 
 
 def workdir(mesh, shapes):
@@ -16,7 +16,7 @@ def workdir(mesh, shapes):
                        for k, (s, _) in shapes.items()},
       model_def=types.SimpleNamespace(
           logical_axes={k: a for k, (_, a) in shapes.items()}))
-  cfg = ml_collections.ConfigDict({'mesh': mesh})
+  cfg = Experiment.of({'mesh': mesh})
   return types.SimpleNamespace(config=cfg, setup=setup)
 
 

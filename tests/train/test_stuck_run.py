@@ -12,7 +12,7 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime import faults, stall
-from jax_transformer.train import checks
+from jax_transformer.train.experiment import Experiment
 
 
 def test_the_automatic_limit_grows_with_the_longest_interval():
@@ -62,7 +62,7 @@ def test_a_bad_step_timeout_is_refused_in_one_sentence():
     with cfg.ignore_type():
       cfg.step_timeout_s = bad
     with pytest.raises(UsageError, match='config.step_timeout_s must be'):
-      checks.check_run_fields(cfg)
+      Experiment.of(cfg).check()
 
 
 def test_a_fault_names_its_action_phase_and_step():

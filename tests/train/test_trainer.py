@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import checks, experiment, steps, trainer
+from jax_transformer.train import checks, model_setup, steps, trainer
 
 VOCAB = 64
 
@@ -32,7 +32,7 @@ def tiny_cfg(**mesh):
 
 
 def run_steps(cfg, batch, n=3, devices=None):
-  setup = experiment.setup(cfg, VOCAB)
+  setup = model_setup.build(cfg, VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
   shardings, _ = steps.state_shardings(setup, mesh, abstract)

@@ -1,0 +1,110 @@
+"""An experiment's data: which dataset, how it is tokenized and batched.
+
+One frozen dataclass, ``config.data`` of every experiment, read by the
+whole data layer (``datasets.spec_for``, ``mixture.sources``,
+``pipeline.make_dataset``) and built by :meth:`DataConfig.of` from whatever
+a caller holds: a dataset name, a dict, an ``ml_collections`` config or a
+DataConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax_transformer import fields
+from jax_transformer.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """The data fields of an experiment (docs/data.md).
+
+  Attributes:
+    name: a dataset of ``data.DATASETS``, any TFDS name
+      ('name/config:version'), 'files' (your files: ``train_files``), or
+      'huggingface:OWNER/NAME' / 'huggingface' (``hf_path``).
+    data_dir: where ``prepare`` puts it (None: $TFDS_DATA_DIR or
+      ~/tensorflow_datasets); local or mounted.
+    direction: translation only and required there: 'SRC-TGT' (e.g.
+      'en-de'), so a model is never trained the wrong way round;
+      'prompt-completion' for instruction data.
+    pack: pack several sequences per row (ignored for stream LM datasets,
+      which have no padding to remove).
+    src_len: source length S for translation (None: seq_len).
+    tokenizer / vocab_size / spm_model_type: a tokenizer trained on the
+      corpus ('sentencepiece' of that size and model type; None: bytes).
+    train_split / eval_split: the splits a run trains and evaluates on.
+    builder_kwargs: keyword arguments of the TFDS builder.
+    task: 'lm' or 'translation' for a dataset outside DATASETS (None: from
+      direction); text_key: the LM's text feature ('text'); lm_mode:
+      'stream' or 'examples' (``datasets.DatasetSpec.lm_mode``).
+    train_files / eval_files: globs (local or gs://) of .txt, .jsonl,
+      .parquet or .tsv files (.gz/.zst) for name='files'; without
+      eval_files the last eval_fraction of the documents is held out.
+    hf_config / hf_path: a Hugging Face dataset's config, or a
+      ``save_to_disk`` folder (data/hf_datasets.py).
+    tokenizer_path: an existing tokenizer instead of one trained on the
+      corpus: a SentencePiece .model, a Hugging Face tokenizer.json or a
+      folder holding one (tokenizer and vocab_size unset).
+    chat_train: chat records: 'all' (every assistant reply trains, each
+      with its end-of-turn marker) or 'last' (the final reply alone).
+    mixture: several sources with weights, read with this data's tokenizer
+      (docs/data.md, "Mixtures"): dicts such as {'name': 'shakespeare',
+      'weight': 3}; None: this dataset alone.
+    prepare_workers: processes tokenizing a big split (None: all cores).
+    worker_count / worker_buffer_size: processes building training batches
+      (0: this process, with threads) and batches each keeps ready. The
+      count is part of the stream: resume with the count a checkpoint was
+      saved with.
+  """
+  name: str = 'shakespeare'
+  data_dir: str | None = None
+  direction: str | None = None
+  pack: bool = False
+  src_len: int | None = None
+  tokenizer: str | None = None
+  vocab_size: int | None = None
+  spm_model_type: str = 'unigram'
+  train_split: str = 'train'
+  eval_split: str = 'validation'
+  builder_kwargs: dict | None = None
+  task: str | None = None
+  text_key: str | None = None
+  lm_mode: str | None = None
+  train_files: str | None = None
+  eval_files: str | None = None
+  eval_fraction: float | None = None
+  hf_config: str | None = None
+  hf_path: str | None = None
+  tokenizer_path: str | None = None
+  mixture: tuple | None = None
+  chat_train: str = 'all'
+  prepare_workers: int | None = None
+  worker_count: int = 0
+  worker_buffer_size: int = 2
+
+  @classmethod
+  def of(cls, value: Any) -> DataConfig:
+    """A DataConfig from a DataConfig, a dataset name, or a mapping of its
+    fields (a dict, an ml_collections config); missing fields take their
+    defaults, a misspelt one is refused naming the closest."""
+    if isinstance(value, str):
+      return cls(name=value)
+    return fields.build(cls, value, 'config.data')
+
+  def replace(self, **changes: Any) -> DataConfig:
+    return dataclasses.replace(self, **changes)
+
+  def check(self) -> None:
+    """Refuses in one sentence a field no dataset could use (what the
+    dataset itself needs is checked by ``datasets.spec_for``)."""
+    if self.chat_train not in ('all', 'last'):
+      raise UsageError("config.data.chat_train must be 'all' or 'last', got "
+                       f'{self.chat_train!r}.')
+    for name, least in (('worker_count', 0), ('worker_buffer_size', 1)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or (
+          value < least):
+        raise UsageError(f'config.data.{name} must be an integer >= {least}, '
+                         f'got {value!r}.')

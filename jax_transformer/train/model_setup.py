@@ -1,0 +1,98 @@
+"""From an experiment to its model, optimizer and train state.
+
+Shared by the trainer and by checkpoint loading, so both build exactly the
+same pytrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+from jax_transformer.model import lora
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.params import ModelDef, Params, abstract, split
+from jax_transformer.train.experiment import Experiment
+
+
+def train_state(params: Params, tx: optax.GradientTransformation,
+                seed: int = 0, step: int = 0) -> dict[str, Any]:
+  """The train state (see ``steps.py``) holding ``params`` at ``step``, a
+  fresh optimizer state (of the adapters alone where params hold LoRA
+  adapters: ``lora.trainable``) and the run's base dropout key for
+  ``seed``."""
+  _, rng = jax.random.split(jax.random.key(seed))
+  return {'params': params, 'opt_state': tx.init(lora.trainable(params)),
+          'step': jax.numpy.asarray(step, jax.numpy.int32),
+          'rng': jax.random.key_data(rng)}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Setup:
+  """Everything static about one training run."""
+  model_config: ModelConfig
+  model_cls: type
+  model_def: ModelDef
+  abstract_params: Params
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+
+  def init_params(self, key: jax.Array) -> Params:
+    model = self.model_cls(self.model_config, nnx.Rngs(params=key))
+    params = split(model)[1]
+    if isinstance(self.model_def, lora.LoraModelDef):
+      params.update(self.init_adapters(jax.random.fold_in(key, 1)))
+    return params
+
+  def init_adapters(self, key: jax.Array) -> Params:
+    """Fresh LoRA adapters ({} without LoRA)."""
+    if not isinstance(self.model_def, lora.LoraModelDef):
+      return {}
+    return self.model_def.init_adapters(key)
+
+  def init_state(self, seed: int) -> dict[str, Any]:
+    """A fresh train state (call under jit with out_shardings)."""
+    params_key, _ = jax.random.split(jax.random.key(seed))
+    return self.state_for(self.init_params(params_key), seed)
+
+  def state_for(self, params: Params, seed: int,
+                step: int = 0) -> dict[str, Any]:
+    """The train state of a run with ``seed`` holding ``params`` at ``step``
+    with a fresh optimizer state (imported parameters start here)."""
+    return train_state(params, self.tx, seed, step)
+
+  def abstract_state(self, seed: int = 0) -> dict[str, Any]:
+    return jax.eval_shape(lambda: self.init_state(seed))
+
+
+def build(exp: Any, tokenizer_vocab: int) -> Setup:
+  """The Setup of an experiment (an Experiment, or anything
+  ``Experiment.of`` reads) whose tokenizer has tokenizer_vocab ids."""
+  exp = Experiment.of(exp)
+  mc = exp.model_config(tokenizer_vocab)
+  cls = exp.model_class
+  model_def, abstract_params = exp.lora.apply(
+      *abstract(lambda: cls(mc, nnx.Rngs(0))))
+  schedule, tx = exp.optim.build(mc.d_model, exp.num_steps,
+                                 lora.trainable(abstract_params))
+  return Setup(mc, cls, model_def, abstract_params, schedule, tx)
+
+
+def with_optimizer(base: Setup, exp: Any) -> Setup:
+  """base with exp's schedule and optimizer (e.g. another gradient
+  accumulation), its model unchanged: no model is built again."""
+  exp = Experiment.of(exp)
+  schedule, tx = exp.optim.build(base.model_config.d_model, exp.num_steps,
+                                 lora.trainable(base.abstract_params))
+  return dataclasses.replace(base, schedule=schedule, tx=tx)
+
+
+def abstract_state_of(setup: Setup, seed: int = 0) -> dict[str, Any]:
+  """setup.abstract_state() from its abstract parameters: the optimizer
+  state's shapes without initialising a model."""
+  return jax.eval_shape(lambda p: train_state(p, setup.tx, seed),
+                        setup.abstract_params)

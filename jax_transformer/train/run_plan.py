@@ -1,0 +1,76 @@
+"""A run put together once: from an experiment and a mesh, everything
+static about it.
+
+The trainer, ``compile.lowering`` (``train.py --aot_target``,
+``compile_at_size.py --target``, the planner's compiles) and the importer
+all start here, so what a target's compiler proves is what a run runs: the
+same model setup, the same sharded abstract state, the same jitted steps,
+the same memory estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from jax_transformer.train import memory, model_setup, steps
+from jax_transformer.train.experiment import Experiment
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RunPlan:
+  """What a run is before any data or step.
+
+  exp: the experiment (typed); mesh: its devices; setup: model, abstract
+  parameters, schedule and optimizer; abstract_state: the train state as
+  ShapeDtypeStructs; shardings / param_specs: where each leaf of it lives
+  (``steps.state_shardings``); estimate: the memory per device it needs,
+  before compiling.
+  """
+  exp: Experiment
+  mesh: Mesh
+  setup: model_setup.Setup
+  abstract_state: dict[str, Any]
+  shardings: dict[str, Any]
+  param_specs: dict[str, Any]
+  estimate: memory.Footprint
+
+  @property
+  def sharded_state(self) -> dict[str, Any]:
+    """The abstract state with its shardings (for lowering and restoring)."""
+    return steps.sharded_abstract(self.abstract_state, self.shardings)
+
+  def train_step(self):
+    """The jitted train step (state donated); call or lower it with the
+    mesh in context (``steps.traced_under``)."""
+    return steps.jit_train_step(self.exp, self.setup, self.mesh,
+                                self.shardings)
+
+  def eval_step(self):
+    """The jitted eval step over the sharded parameters."""
+    return steps.jit_eval_step(self.exp, self.setup, self.mesh,
+                               self.shardings)
+
+  def fresh_state(self) -> dict[str, Any]:
+    """A new train state, made already sharded."""
+    return jax.jit(lambda: self.setup.init_state(self.exp.seed),
+                   out_shardings=self.shardings)()
+
+
+def build(exp: Any, mesh: Mesh, vocab_size: int,
+          setup: model_setup.Setup | None = None) -> RunPlan:
+  """The plan of exp (anything ``Experiment.of`` reads) on mesh with a
+  tokenizer of vocab_size ids; ``setup`` reuses one built for exp's model
+  and optimizer. Refuses in one sentence parameters the mesh cannot
+  split."""
+  exp = Experiment.of(exp)
+  setup = setup or model_setup.build(exp, vocab_size)
+  abstract_state = setup.abstract_state(exp.seed)
+  shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
+  estimate = memory.estimate(exp, setup.model_config, abstract_state,
+                             shardings, mesh)
+  return RunPlan(exp, mesh, setup, abstract_state, shardings, param_specs,
+                 estimate)
