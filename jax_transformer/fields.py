@@ -1,6 +1,6 @@
 """Frozen config dataclasses to and from plain values.
 
-An experiment is a tree of frozen dataclasses (``train/experiment.py``).
+An experiment is a tree of frozen dataclasses (``jax_transformer/experiment``).
 The command line edits it as an ``ml_collections.ConfigDict`` (so every
 ``--config.a.b=value`` keeps its path and type) and a workdir keeps it as
 JSON; these functions cross between the forms:

@@ -34,7 +34,7 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.data.pipeline import stream_tokens
 from jax_transformer.errors import UsageError
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.experiment import Experiment
 
 STEPS = 600
 EVAL_EVERY = 100

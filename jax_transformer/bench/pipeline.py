@@ -27,9 +27,9 @@ import numpy as np
 from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.data import token_store
+from jax_transformer.experiment import Experiment
 from jax_transformer.model.config import transformer_base
 from jax_transformer.train import perf
-from jax_transformer.train.experiment import Experiment
 
 PEAKS = {'NVIDIA H200': 989e12, 'TPU v5p': 459e12}
 MFU = 0.4

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+import ml_collections
 from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
-from jax_transformer.train.experiment import Experiment
 
 # The names are parsed by jax_transformer/runtime/targets.py, which imports
 # JAX; a name that is not a slice is refused there, in one sentence.
@@ -78,7 +78,7 @@ def define_serialize(values: flags.FlagValues) -> None:
 
 def parse(prog: str, argv: Sequence[str], values: flags.FlagValues,
           doc: str = '', config: str = 'required'
-          ) -> tuple[Experiment | None, str | None]:
+          ) -> tuple[ml_collections.ConfigDict | None, str | None]:
   """Reads argv (the flags, without the program) into values; returns
   (the config, its spec) of ``--config NAME[:preset]`` and its
   ``--config.a.b=value`` overrides: ``config`` is 'required', 'optional'

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_transformer.data import batching, files
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import attention, sharding
-from jax_transformer.train import memory, model_setup, run_plan
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.train import checks, memory, model_setup, run_plan
 
 
 def abstract_batch(cfg: Experiment,
@@ -94,12 +94,10 @@ def lower_train(cfg: Experiment, devices: list,
   """cfg's train step lowered on a mesh of devices for platform ('tpu',
   'gpu' or 'cpu'), and the pre-flight estimate (``setup`` reuses one
   built for cfg's model and optimizer)."""
-  cfg = Experiment.of(cfg)
-  cfg.check()
-  mesh = cfg.mesh.make(devices)
+  cfg = checks.check_fields(cfg)
+  mesh = sharding.make_mesh(cfg.mesh.sizes, devices)
   sharding.check_batch(cfg.batch_size, mesh)
-  with attention.compiling_for(platform):  # 'auto' as the target picks
-    plan = run_plan.build(cfg, mesh, vocab_size, setup)
+  plan = run_plan.build(cfg, mesh, vocab_size, setup, platform)
   batch = abstract_batch(cfg, mesh)
   start = time.perf_counter()
   lowered = lower(plan.train_step(), (plan.sharded_state, batch), mesh,

@@ -15,9 +15,9 @@ import time
 import jax
 
 from jax_transformer.compile import lowering
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory
-from jax_transformer.train.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True)

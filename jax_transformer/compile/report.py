@@ -29,10 +29,10 @@ from jax_transformer import errors
 from jax_transformer.compile import hlo_stats, lowering, step_model, topology
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import memory, perf
-from jax_transformer.train.experiment import Experiment
 
 # A TPU step over HBM fails to compile with, e.g., "the total memory
 # required for HLO temporaries (20.81G) exceeds available HBM (15.75G)" or

@@ -66,10 +66,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.compile import hlo_stats
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory, perf
-from jax_transformer.train.experiment import Experiment
 
 ATTENTION_KERNEL_TRAIN = 3.5  # x forward attention FLOPs in a fused kernel
 # The step model's version: part of the planner's cache key, and named in

@@ -24,7 +24,6 @@ from jax_transformer.data.batching import (
                                            translation_layout,
                                            translation_source,
 )
-from jax_transformer.data.config import DataConfig
 from jax_transformer.data.datasets import (
                                            DATASETS,
                                            DatasetSpec,
@@ -37,6 +36,7 @@ from jax_transformer.data.datasets import (
                                            spec_for,
 )
 from jax_transformer.data.pipeline import (
+                                           check_config,
                                            global_batch,
                                            initial_state,
                                            make_dataset,
@@ -54,9 +54,11 @@ from jax_transformer.data.tokenizers import (
                                            SentencePieceTokenizer,
                                            load_tokenizer,
 )
+from jax_transformer.experiment.data import DataConfig
 
 __all__ = [
     'BOS_ID', 'ByteTokenizer', 'DATASETS', 'DataConfig', 'DatasetSpec',
+    'check_config',
     'EOS_ID', 'HuggingFaceTokenizer', 'PAD_ID', 'PreparedData',
     'SentencePieceTokenizer', 'UNK_ID', 'default_data_dir', 'get_spec',
     'global_batch', 'initial_state', 'lm_example', 'lm_layout',

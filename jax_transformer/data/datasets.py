@@ -52,9 +52,9 @@ import tensorflow_datasets as tfds
 
 from jax_transformer.data import builders, files, hf_datasets, token_store
 from jax_transformer.data import tokenizers as tok
-from jax_transformer.data.config import DataConfig
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError, first_line
+from jax_transformer.experiment.data import DataConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,8 +40,8 @@ import grain
 import numpy as np
 
 from jax_transformer.data import datasets
-from jax_transformer.data.config import DataConfig
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment.data import DataConfig
 
 # What a source may set (its dataset's fields, its weight and label).
 SOURCE_FIELDS = ('name', 'weight', 'label', 'data_dir', 'direction', 'pack',

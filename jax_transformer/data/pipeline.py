@@ -53,18 +53,31 @@ from jax_transformer.data import (
   token_store,
   workers,
 )
-from jax_transformer.data.config import DataConfig
 from jax_transformer.data.datasets import (
   DatasetSpec,
   as_text,
   default_data_dir,
+  given_tokenizer,
   load_source,
   spec_for,
 )
 from jax_transformer.data.tokenizers import ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment.data import DataConfig
 
 DIRECTIONS = ('en-de', 'de-en')
+
+
+def check_config(data_cfg: Any) -> None:
+  """Refuses in one sentence, before anything is prepared, a data config
+  that names nothing it could read: its own fields, the dataset (a
+  'files' glob that matches nothing, a task misspelt), its mixture
+  (weights, labels, one task) and its tokenizer_path."""
+  d = DataConfig.of(data_cfg)
+  d.check()
+  spec_for(d)
+  mixture.check(d)
+  given_tokenizer(d)
 
 
 def translation_keys(spec: DatasetSpec, direction: str | None

@@ -133,17 +133,3 @@ class Sampler:
 def is_deterministic(sampler) -> bool:
   """Whether ``sampler`` ignores its key (greedy or a greedy Sampler)."""
   return sampler is greedy or bool(getattr(sampler, 'is_greedy', False))
-
-
-@dataclasses.dataclass(frozen=True)
-class SampleConfig:
-  """``config.sample``: the sample a finished run ends with (an LM
-  continues ``prompt``; a translation model translates it)."""
-  enabled: bool = True
-  prompt: str = 'ROMEO:'
-  max_new_tokens: int = 200
-  temperature: float = 0.8
-  top_k: int = 40
-
-  def sampler(self) -> Sampler:
-    return Sampler(self.temperature, self.top_k or None)

@@ -46,6 +46,7 @@ import numpy as np
 from jax_transformer import data
 from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
+from jax_transformer.experiment import Experiment
 from jax_transformer.interop import hf_tokenizer, torch_compat
 from jax_transformer.interop.exporter import (
   CONFIG_SUFFIX,
@@ -72,7 +73,6 @@ from jax_transformer.train import (
   run_plan,
   trainer,
 )
-from jax_transformer.train.experiment import Experiment
 
 # Fields a fine-tuning run may change without changing the function.
 _RUNTIME_FIELDS = ('dropout_rate', 'attention_dropout_rate', 'dtype',

@@ -48,39 +48,6 @@ ALIASES = {'attention': ('query', 'key', 'value', 'out'),
 DEFAULT_TARGETS = 'query,key,value,out'
 
 
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-  """``config.lora`` (docs/finetune.md): rank 0 is off; above 0, only
-  adapters on the kernels ``targets`` names train (patterns: 'query',
-  'attention', 'mlp', 'layers.*.ff.wi'), scaled by alpha / rank, and only
-  they are in the optimizer and in checkpoints: the frozen base is read
-  from ``config.init_from`` at every start."""
-  rank: int = 0
-  alpha: float = 16.0
-  targets: str = 'query,key,value,out'
-
-  def check(self) -> None:
-    """Refuses in one sentence a rank below 0 or, with LoRA on, an alpha
-    that is not positive (the targets are checked against the model)."""
-    rank = self.rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-      raise UsageError(f'config.lora.rank must be an integer >= 0 (0: off), '
-                       f'got {rank!r}.')
-    alpha = self.alpha
-    if rank and (isinstance(alpha, bool) or not isinstance(
-        alpha, (int, float)) or not alpha > 0):
-      raise UsageError(f'config.lora.alpha must be a positive number, got '
-                       f'{alpha!r}.')
-
-  def apply(self, model_def: ModelDef, abstract_params: Params
-            ) -> tuple[ModelDef, Params]:
-    """The model with adapters on its targets (unchanged with rank 0)."""
-    if not self.rank:
-      return model_def, abstract_params
-    return with_adapters(model_def, abstract_params, self.rank, self.alpha,
-                         self.targets)
-
-
 def is_adapter(name: str) -> bool:
   return name.endswith(SUFFIXES)
 
@@ -264,6 +231,16 @@ class LoraModelDef(ModelDef):
       out[names[0]] = a.reshape(shapes[names[0]])
       out[names[1]] = b.reshape(shapes[names[1]])
     return out
+
+
+def apply(config: Any, model_def: ModelDef, abstract_params: Params
+          ) -> tuple[ModelDef, Params]:
+  """The model with adapters on the targets of config (``config.lora``:
+  rank, alpha, targets); unchanged with rank 0."""
+  if not config.rank:
+    return model_def, abstract_params
+  return with_adapters(model_def, abstract_params, config.rank, config.alpha,
+                       config.targets)
 
 
 def with_adapters(model_def: ModelDef, abstract_params: Params, rank: int,

@@ -16,7 +16,6 @@ data-center network between them, as ``mesh.dcn_data`` and
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Mapping, Sequence
 
@@ -44,30 +43,6 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     'norm': None,
     'position': None,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """``config.mesh``: devices as data x fsdp x tensor (one -1: the rest).
-
-  Over several TPU slices (GPU hosts) only data and fsdp cross the slow
-  network between them: dcn_data x dcn_fsdp parts of those axes, one per
-  slice (host); both 0 puts data across first, then fsdp
-  (:func:`make_mesh`).
-  """
-  data: int = -1
-  fsdp: int = 1
-  tensor: int = 1
-  dcn_data: int = 0
-  dcn_fsdp: int = 0
-
-  @property
-  def sizes(self) -> dict[str, int]:
-    return dataclasses.asdict(self)
-
-  def make(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The mesh over all (or the given) devices (:func:`make_mesh`)."""
-    return make_mesh(self.sizes, devices)
 
 
 def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from typing import Any, Iterator
 
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.experiment import Experiment
 
 REMATS = ('none', 'dots', 'full')
 PARAM_DTYPES = ('float32', 'bfloat16')

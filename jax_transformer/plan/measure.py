@@ -13,10 +13,10 @@ import numpy as np
 
 from jax_transformer import cli
 from jax_transformer.compile import lowering
+from jax_transformer.experiment import Experiment
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 from jax_transformer.runtime import targets
-from jax_transformer.train.experiment import Experiment
 
 
 def step_runner(cfg: Experiment, devices: list,

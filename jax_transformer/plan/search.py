@@ -30,11 +30,11 @@ import jax.numpy as jnp
 
 from jax_transformer.compile import lowering, report, step_model
 from jax_transformer.errors import UsageError, first_line
-from jax_transformer.model import attention, sharding
+from jax_transformer.experiment import Experiment
+from jax_transformer.model import sharding
 from jax_transformer.plan import candidates as cands
 from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import memory, model_setup, perf, run_plan
-from jax_transformer.train.experiment import Experiment
 
 # The estimate is within ~20% of the TPU compiler's figure
 # (docs/scaling.md): a candidate is pruned only when even a 20%
@@ -199,12 +199,12 @@ class Sizer:
   def __call__(self, c: cands.Candidate) -> Sized:
     """c's config, setup, pre-flight estimate and guessed time."""
     cfg = c.apply(self.base)
-    mesh = cfg.mesh.make(list(self.where.devices))
+    mesh = sharding.make_mesh(cfg.mesh.sizes, list(self.where.devices))
     sharding.check_batch(cfg.batch_size, mesh)
     setup = self.setup(cfg)
     params = sum(x.size for x in setup.abstract_params.values())
-    with attention.compiling_for(self.where.platform):
-      plan = run_plan.build(cfg, mesh, self.vocab_size, setup)
+    plan = run_plan.build(cfg, mesh, self.vocab_size, setup,
+                          self.where.platform)
     return Sized(c, cfg, setup, plan.estimate.total,
                  guess(c, cfg, setup.model_config, params, self.where))
 

@@ -29,11 +29,11 @@ from jax.experimental import multihost_utils
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train.experiment import Experiment
 
 
 class CheckpointMismatch(UsageError):

@@ -1,7 +1,7 @@
-"""The checks of an experiment that need more than its fields: the devices
-(``check_experiment``) and the workdir it would resume
-(``check_resumable``). Each field's own checks live with its part of the
-experiment (``Experiment.check``)."""
+"""The checks of an experiment that need more than its fields: its data
+(``check_fields``), the devices (``check_experiment``) and the workdir it
+would resume (``check_resumable``). Each field's own checks live with its
+part of the experiment (``Experiment.check``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,27 @@ import json
 
 import jax
 
+from jax_transformer import data
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
-from jax_transformer.runtime import devices
+from jax_transformer.runtime import devices, storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train.experiment import Experiment
+
+
+def check_fields(exp: Experiment) -> Experiment:
+  """exp typed, after its fields' checks and its data's: the dataset it
+  names (a 'files' glob that matches nothing, a task misspelt), its
+  mixture, its tokenizer_path; all before any data is prepared."""
+  exp = Experiment.of(exp)
+  exp.check()
+  if exp.data.data_dir and storage.is_remote(exp.data.data_dir):
+    # TFDS's array_record reader opens local files only.
+    raise UsageError(f'config.data.data_dir={exp.data.data_dir}: prepared '
+                     'data must be on a local or mounted path (object '
+                     'storage works for --workdir).')
+  data.check_config(exp.data)
+  return exp
 
 
 def check_experiment(exp: Experiment) -> jax.sharding.Mesh:
@@ -23,7 +39,7 @@ def check_experiment(exp: Experiment) -> jax.sharding.Mesh:
   exp = Experiment.of(exp)
   exp.model_config(1)
   devices.check_accelerators(exp.mesh.sizes)
-  mesh = exp.mesh.make()
+  mesh = sharding.make_mesh(exp.mesh.sizes)
   for size in (exp.batch_size, exp.eval_batch_size):
     sharding.check_batch(size, mesh)
   return mesh

@@ -17,10 +17,11 @@ from jax.experimental import multihost_utils
 
 from jax_transformer import data, decoding
 from jax_transformer.data.batching import markers
+from jax_transformer.decoding import sampling
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train import evaluation
 from jax_transformer.train import metrics as metrics_lib
-from jax_transformer.train.experiment import Experiment
 
 
 class Evaluation:
@@ -136,7 +137,7 @@ def sample(setup, params, tokenizer, cfg) -> str:
   s = cfg.sample
   ids = tokenizer.encode(s.prompt)
   bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
-  sampler = s.sampler()
+  sampler = sampling.Sampler(s.temperature, s.top_k or None)
   key = jax.random.key(cfg.seed)
   if cfg.model_kind == 'encoder_decoder':
     out = decoding.generate(model, src_ids=[data.translation_source(ids, eos)],

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from jax_transformer import data
 from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.experiment import Experiment
 
 LN2 = math.log(2.0)
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from jax_transformer.data.pipeline import Batches
 from jax_transformer.data.tokenizers import Tokenizer
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime.workdir import WorkdirPaths
-from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.goodput import Clock
 from jax_transformer.train.metrics import MetricWriter
 from jax_transformer.train.model_setup import Setup

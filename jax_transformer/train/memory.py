@@ -51,9 +51,9 @@ import jax
 import jax.numpy as jnp
 
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import attention, sharding
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.train.experiment import Experiment
 
 GB = 1e9
 _GIB = 2 ** 30

@@ -13,10 +13,10 @@ import jax
 from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import optim, perf
-from jax_transformer.train.experiment import Experiment
 
 
 class MetricWriter:

@@ -13,10 +13,13 @@ import jax
 import optax
 from flax import nnx
 
+from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.models import MODELS
 from jax_transformer.model.params import ModelDef, Params, abstract, split
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.train import optim
 
 
 def train_state(params: Params, tx: optax.GradientTransformation,
@@ -73,12 +76,15 @@ def build(exp: Any, tokenizer_vocab: int) -> Setup:
   """The Setup of an experiment (an Experiment, or anything
   ``Experiment.of`` reads) whose tokenizer has tokenizer_vocab ids."""
   exp = Experiment.of(exp)
+  if exp.model_kind not in MODELS:
+    raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
+                     f'{exp.model_kind!r}.')
   mc = exp.model_config(tokenizer_vocab)
-  cls = exp.model_class
-  model_def, abstract_params = exp.lora.apply(
-      *abstract(lambda: cls(mc, nnx.Rngs(0))))
-  schedule, tx = exp.optim.build(mc.d_model, exp.num_steps,
-                                 lora.trainable(abstract_params))
+  cls = MODELS[exp.model_kind]
+  model_def, abstract_params = lora.apply(
+      exp.lora, *abstract(lambda: cls(mc, nnx.Rngs(0))))
+  schedule, tx = optim.build(exp.optim, mc.d_model, exp.num_steps,
+                             lora.trainable(abstract_params))
   return Setup(mc, cls, model_def, abstract_params, schedule, tx)
 
 
@@ -86,8 +92,9 @@ def with_optimizer(base: Setup, exp: Any) -> Setup:
   """base with exp's schedule and optimizer (e.g. another gradient
   accumulation), its model unchanged: no model is built again."""
   exp = Experiment.of(exp)
-  schedule, tx = exp.optim.build(base.model_config.d_model, exp.num_steps,
-                                 lora.trainable(base.abstract_params))
+  schedule, tx = optim.build(exp.optim, base.model_config.d_model,
+                             exp.num_steps,
+                             lora.trainable(base.abstract_params))
   return dataclasses.replace(base, schedule=schedule, tx=tx)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jax_transformer.errors import UsageError
+from jax_transformer.experiment.parts import OptimConfig
 
 
 def rsqrt_schedule(d_model: int, warmup_steps: int,
@@ -25,123 +24,69 @@ def rsqrt_schedule(d_model: int, warmup_steps: int,
   return schedule
 
 
-SCHEDULES = ('rsqrt', 'warmup_cosine', 'constant')
-OPTIMIZERS = ('adam', 'adamw')
+def build(config: OptimConfig, d_model: int, num_steps: int,
+          params: Mapping[str, jax.Array]
+          ) -> tuple[optax.Schedule, optax.GradientTransformationExtraArgs]:
+  """(schedule, optimizer) of a run of num_steps train steps on a model
+  of width d_model whose trained parameters are ``params`` (shapes
+  only: abstract ShapeDtypeStructs will do)."""
+  schedule = make_schedule(config, d_model, num_steps)
+  return schedule, make_optimizer(config, schedule, params)
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-  """``config.optim``: the optimizer, its schedule and the loss's options.
+def make_schedule(config: OptimConfig, d_model: int, num_steps: int
+                  ) -> optax.Schedule:
+  """num_steps and warmup_steps count train steps (micro-batches); the
+  schedule is evaluated per optimizer update, which under gradient
+  accumulation comes every grad_accum_steps of them, so both are
+  converted to updates: a run ends at the schedule's end whatever the
+  accumulation."""
+  config.check()
+  accum = config.grad_accum_steps
+  num_steps = max(num_steps // accum, 1)
+  warmup = config.warmup_steps // accum
+  if config.schedule == 'rsqrt':
+    return rsqrt_schedule(d_model, max(warmup, 1), config.lr_scale)
+  lr = float(config.learning_rate)
+  if config.schedule == 'warmup_cosine':
+    return optax.warmup_cosine_decay_schedule(
+        0.0, lr, warmup, max(num_steps, warmup + 1),
+        end_value=lr * float(config.final_lr_fraction))
+  # Constant after a linear warmup.
+  return optax.linear_schedule(0.0, lr, warmup) if warmup else (
+      optax.constant_schedule(lr))
 
-  Attributes:
-    optimizer: 'adam' or 'adamw' (decoupled weight decay on matrices).
-    schedule: 'rsqrt' (the paper's: d_model^-0.5 * min(step^-0.5, step *
-      warmup^-1.5) * lr_scale), 'warmup_cosine' (to final_lr_fraction of
-      learning_rate at the last step) or 'constant' (after the warmup).
-    warmup_steps: train steps of linear warmup (the paper's warmup for
-      'rsqrt').
-    clip_norm: the global gradient norm clipped to (0: none).
-    grad_accum_steps: micro-batches accumulated, per token, into one
-      update; steps and warmup count micro-batches.
-    label_smoothing / z_loss: the loss's (``losses.py``).
-    max_skipped_updates: updates with a non-finite loss or gradient norm
-      are skipped (parameters and optimizer state kept); training stops at
-      the first (0) or after this many in a row.
+
+def make_optimizer(config: OptimConfig, schedule: optax.Schedule,
+                   params: Mapping[str, jax.Array]
+                   ) -> optax.GradientTransformationExtraArgs:
+  """Clipping, then Adam or AdamW; accumulated per token over
+  grad_accum_steps micro-batches when that is above 1; non-finite
+  updates dropped and counted (``skip_non_finite``).
+
+  ``params`` may be abstract (ShapeDtypeStructs): only shapes are read.
+  Its update takes the keyword arguments ``loss`` and ``tokens`` (see
+  ``skip_non_finite`` and ``accumulate_per_token``).
   """
-  optimizer: str = 'adamw'
-  schedule: str = 'warmup_cosine'
-  learning_rate: float = 2e-3
-  warmup_steps: int = 50
-  final_lr_fraction: float = 0.1
-  lr_scale: float = 1.0
-  b1: float = 0.9
-  b2: float = 0.98
-  eps: float = 1e-9
-  weight_decay: float = 0.1
-  clip_norm: float = 1.0
-  grad_accum_steps: int = 1
-  label_smoothing: float = 0.0
-  z_loss: float = 0.0
-  max_skipped_updates: int = 0
-
-  def check(self) -> None:
-    """Refuses in one sentence a value no optimizer can take."""
-    if self.optimizer not in OPTIMIZERS:
-      raise UsageError(f'config.optim.optimizer must be one of {OPTIMIZERS}, '
-                       f'got {self.optimizer!r}.')
-    if self.schedule not in SCHEDULES:
-      raise UsageError(f'config.optim.schedule must be one of {SCHEDULES}, '
-                       f'got {self.schedule!r}.')
-    for name, least, meaning in (
-        ('grad_accum_steps', 1, ''), ('warmup_steps', 0, ''),
-        ('max_skipped_updates', 0,
-         ' (0: stop at the first non-finite step)')):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or (
-          value < least):
-        raise UsageError(f'config.optim.{name} must be an integer >= {least}'
-                         f'{meaning}, got {value!r}.')
-
-  def build(self, d_model: int, num_steps: int,
-            params: Mapping[str, jax.Array]
-            ) -> tuple[optax.Schedule, optax.GradientTransformationExtraArgs]:
-    """(schedule, optimizer) of a run of num_steps train steps on a model
-    of width d_model whose trained parameters are ``params`` (shapes
-    only: abstract ShapeDtypeStructs will do)."""
-    schedule = self.make_schedule(d_model, num_steps)
-    return schedule, self.make_optimizer(schedule, params)
-
-  def make_schedule(self, d_model: int, num_steps: int) -> optax.Schedule:
-    """num_steps and warmup_steps count train steps (micro-batches); the
-    schedule is evaluated per optimizer update, which under gradient
-    accumulation comes every grad_accum_steps of them, so both are
-    converted to updates: a run ends at the schedule's end whatever the
-    accumulation."""
-    self.check()
-    accum = self.grad_accum_steps
-    num_steps = max(num_steps // accum, 1)
-    warmup = self.warmup_steps // accum
-    if self.schedule == 'rsqrt':
-      return rsqrt_schedule(d_model, max(warmup, 1), self.lr_scale)
-    lr = float(self.learning_rate)
-    if self.schedule == 'warmup_cosine':
-      return optax.warmup_cosine_decay_schedule(
-          0.0, lr, warmup, max(num_steps, warmup + 1),
-          end_value=lr * float(self.final_lr_fraction))
-    # Constant after a linear warmup.
-    return optax.linear_schedule(0.0, lr, warmup) if warmup else (
-        optax.constant_schedule(lr))
-
-  def make_optimizer(self, schedule: optax.Schedule,
-                     params: Mapping[str, jax.Array]
-                     ) -> optax.GradientTransformationExtraArgs:
-    """Clipping, then Adam or AdamW; accumulated per token over
-    grad_accum_steps micro-batches when that is above 1; non-finite
-    updates dropped and counted (``skip_non_finite``).
-
-    ``params`` may be abstract (ShapeDtypeStructs): only shapes are read.
-    Its update takes the keyword arguments ``loss`` and ``tokens`` (see
-    ``skip_non_finite`` and ``accumulate_per_token``).
-    """
-    self.check()
-    adam_args = dict(b1=float(self.b1), b2=float(self.b2),
-                     eps=float(self.eps))
-    if self.optimizer == 'adam':
-      opt = optax.adam(schedule, **adam_args)
-    else:
-      opt = optax.adamw(schedule, weight_decay=float(self.weight_decay),
-                        mask=decay_mask(params), **adam_args)
-    parts = []
-    if self.clip_norm:
-      parts.append(optax.clip_by_global_norm(float(self.clip_norm)))
-    tx = optax.chain(*parts, opt)
-    if self.grad_accum_steps > 1:
-      tx = accumulate_per_token(tx, self.grad_accum_steps)
-    if self.max_skipped_updates > 0:
-      return skip_non_finite(tx)
-    # Without skipping the state is the optimizer's own, as in checkpoints
-    # written before skipping existed: they resume.
-    return optax.with_extra_args_support(tx)
+  config.check()
+  adam_args = dict(b1=float(config.b1), b2=float(config.b2),
+                   eps=float(config.eps))
+  if config.optimizer == 'adam':
+    opt = optax.adam(schedule, **adam_args)
+  else:
+    opt = optax.adamw(schedule, weight_decay=float(config.weight_decay),
+                      mask=decay_mask(params), **adam_args)
+  parts = []
+  if config.clip_norm:
+    parts.append(optax.clip_by_global_norm(float(config.clip_norm)))
+  tx = optax.chain(*parts, opt)
+  if config.grad_accum_steps > 1:
+    tx = accumulate_per_token(tx, config.grad_accum_steps)
+  if config.max_skipped_updates > 0:
+    return skip_non_finite(tx)
+  # Without skipping the state is the optimizer's own, as in checkpoints
+  # written before skipping existed: they resume.
+  return optax.with_extra_args_support(tx)
 
 
 def decay_mask(params: Mapping[str, jax.Array]) -> dict[str, bool]:

@@ -40,18 +40,18 @@ from tokenizers import Tokenizer
 
 from jax_transformer.data.tokenizers import HuggingFaceTokenizer, load_tokenizer
 from jax_transformer.errors import UsageError, first_line
+from jax_transformer.experiment import Experiment, run
 from jax_transformer.model import hf_families, lora, sharding
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import checkpoint, experiment, model_setup
-from jax_transformer.train.experiment import Experiment
+from jax_transformer.train import checkpoint, model_setup
 
 HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
 HF_INDEX = HF_WEIGHTS + '.index.json'
 # Fields a run takes from its own config, whatever the checkpoint's were.
-RUNTIME_FIELDS = (*experiment.RUNTIME_MODEL_FIELDS, 'param_dtype')
+RUNTIME_FIELDS = (*run.RUNTIME_MODEL_FIELDS, 'param_dtype')
 
 
 # ----------------------------------------------------------------------------

@@ -12,12 +12,10 @@ plugin finds it (``*.xplane.pb``) and Perfetto opens the
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
 
-from jax_transformer.errors import UsageError
 from jax_transformer.runtime.workdir import WorkdirPaths
 
 DEMAND_FILE = 'PROFILE'
@@ -25,25 +23,6 @@ DEMAND_STEPS = 5
 # Checked for every this many steps: a stat of the workdir is cheap, but a
 # workdir in object storage is not.
 DEMAND_EVERY = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileConfig:
-  """``config.profile``: a trace of steps start_step .. start_step +
-  num_steps - 1 under WORKDIR/tensorboard/ (0 steps: none)."""
-  start_step: int = 0
-  num_steps: int = 0
-
-  def check(self) -> None:
-    for name in ('start_step', 'num_steps'):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageError(f'config.profile.{name} must be a non-negative '
-                         f'integer, got {value!r}.')
-    if self.num_steps and not self.start_step:
-      raise UsageError('config.profile.num_steps is set: set '
-                       'config.profile.start_step to the first step to '
-                       'trace (steps count from 1).')
 
 
 class Profiler:

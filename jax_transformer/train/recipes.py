@@ -4,8 +4,8 @@ GPT-2 small's recipe and the scale-up helper.
 Each file in ``configs/`` builds its ``ml_collections.ConfigDict`` from
 these and imports nothing but ``jax_transformer``, so it loads by path from
 any working directory. Every field and its default comes from the typed
-experiment (``train/experiment.py``: one home for each default); a recipe
-names only what it changes.
+experiment (``jax_transformer/experiment/``: one home for each default);
+a recipe names only what it changes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Callable
 from ml_collections import ConfigDict
 
 from jax_transformer import fields
+from jax_transformer.experiment import base_config
 from jax_transformer.model.config import ModelConfig, small_lm
-from jax_transformer.train.experiment import base_config
 
 
 def model_fields(preset: Callable[..., ModelConfig] = ModelConfig,

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
@@ -26,7 +27,6 @@ from jax_transformer.runtime.workdir import (
   resolve,
 )
 from jax_transformer.train import checkpoint, model_setup, pretrained
-from jax_transformer.train.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -10,14 +10,16 @@ the same memory estimate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
+from jax_transformer.experiment import Experiment
+from jax_transformer.model import attention
 from jax_transformer.train import memory, model_setup, steps
-from jax_transformer.train.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,16 +63,21 @@ class RunPlan:
 
 
 def build(exp: Any, mesh: Mesh, vocab_size: int,
-          setup: model_setup.Setup | None = None) -> RunPlan:
+          setup: model_setup.Setup | None = None,
+          platform: str | None = None) -> RunPlan:
   """The plan of exp (anything ``Experiment.of`` reads) on mesh with a
   tokenizer of vocab_size ids; ``setup`` reuses one built for exp's model
-  and optimizer. Refuses in one sentence parameters the mesh cannot
-  split."""
+  and optimizer; ``platform`` ('tpu', 'gpu'): the memory estimate counts
+  the attention that platform's compiler would run ('auto'), where the
+  run is compiled for a target. Refuses in one sentence parameters the
+  mesh cannot split."""
   exp = Experiment.of(exp)
   setup = setup or model_setup.build(exp, vocab_size)
   abstract_state = setup.abstract_state(exp.seed)
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
-  estimate = memory.estimate(exp, setup.model_config, abstract_state,
-                             shardings, mesh)
+  with (attention.compiling_for(platform) if platform
+        else contextlib.nullcontext()):
+    estimate = memory.estimate(exp, setup.model_config, abstract_state,
+                               shardings, mesh)
   return RunPlan(exp, mesh, setup, abstract_state, shardings, param_specs,
                  estimate)

@@ -20,10 +20,10 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora, sharding
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
-from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
 
 Batch = dict[str, jax.Array]

@@ -19,6 +19,7 @@ from absl import logging
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError, named_line
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.runtime import distributed, faults, stall, storage
 from jax_transformer.runtime.workdir import (
@@ -46,7 +47,6 @@ from jax_transformer.train import (
   steps,
 )
 from jax_transformer.train.evaluating import evaluate  # noqa: F401 (tests wrap it)
-from jax_transformer.train.experiment import Experiment
 from jax_transformer.train.finite import check_finite  # noqa: F401
 from jax_transformer.train.hooks import Hooks, Run
 
@@ -74,8 +74,7 @@ def train_and_evaluate(cfg: Experiment | Any,
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
   explicit = pretrained.command_line_overrides(cfg)  # train.py's ConfigDict
-  cfg = Experiment.of(cfg)
-  cfg.check()
+  cfg = checks.check_fields(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
   # config.init_from's model fields
   cfg = pretrained.resolve_config(cfg, workdir, explicit)

@@ -9,8 +9,8 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import goodput, metrics, profiling, trainer
-from jax_transformer.train.experiment import Experiment
 
 
 class FakeTime:

@@ -113,7 +113,7 @@ def test_the_run_ends_at_the_schedules_end_value():
   cfg = dict(tiny_cfg(2, 'adam').optim, schedule='warmup_cosine',
              learning_rate=1e-3, warmup_steps=8, final_lr_fraction=0.1)
   params = {'w': jnp.zeros((3,))}
-  schedule, tx = optim.OptimConfig(**cfg).build(32, 40, params)
+  schedule, tx = optim.build(optim.OptimConfig(**cfg), 32, 40, params)
   update = jax.jit(lambda state: tx.update(
       {'w': jnp.ones((3,))}, state, params, loss=jnp.float32(1.0),
       tokens=jnp.float32(3.0))[1])

@@ -13,10 +13,10 @@ import repo
 from flax import nnx
 
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora, sharding
 from jax_transformer.model import params as params_lib
 from jax_transformer.train import model_setup, steps
-from jax_transformer.train.experiment import Experiment
 
 LM = os.path.join(repo.ROOT, 'configs/lm_shakespeare.py')
 

@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.train import (
   checkpoint,
@@ -19,7 +20,6 @@ from jax_transformer.train import (
   steps,
   trainer,
 )
-from jax_transformer.train.experiment import Experiment
 
 VOCAB = 64
 

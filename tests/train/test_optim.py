@@ -3,6 +3,7 @@ import numpy as np
 import optax
 import pytest
 
+from jax_transformer.experiment import OptimConfig
 from jax_transformer.train import losses, optim
 
 
@@ -18,7 +19,7 @@ def test_rsqrt_schedule_is_the_papers_formula():
 def test_warmup_cosine_from_config():
   cfg = dict(schedule='warmup_cosine', learning_rate=1e-3, warmup_steps=10,
              final_lr_fraction=0.1)
-  schedule = optim.OptimConfig(**cfg).make_schedule(64, num_steps=110)
+  schedule = optim.make_schedule(OptimConfig(**cfg), 64, num_steps=110)
   np.testing.assert_allclose(schedule(0), 0.0)
   np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
   np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
@@ -32,18 +33,19 @@ def test_schedule_counts_updates_under_gradient_accumulation(accum):
   train steps: warmup and decay still end at the same train step."""
   cfg = dict(schedule='warmup_cosine', learning_rate=1e-3, warmup_steps=8,
              final_lr_fraction=0.1, grad_accum_steps=accum)
-  schedule = optim.OptimConfig(**cfg).make_schedule(64, num_steps=40)
+  schedule = optim.make_schedule(OptimConfig(**cfg), 64, num_steps=40)
   np.testing.assert_allclose(schedule(8 // accum), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(40 // accum), 1e-4, rtol=1e-5)
-  rsqrt = optim.OptimConfig(**dict(cfg, schedule='rsqrt', warmup_steps=4000)
-                            ).make_schedule(512, num_steps=10_000)
+  rsqrt = optim.make_schedule(
+      OptimConfig(**dict(cfg, schedule='rsqrt', warmup_steps=4000)), 512,
+      num_steps=10_000)
   peak = 512 ** -0.5 * (4000 // accum) ** -0.5
   np.testing.assert_allclose(rsqrt(4000 // accum - 1), peak, rtol=1e-6)
 
 
 def test_bad_schedule_name():
   with pytest.raises(ValueError, match="optim.schedule must be"):
-    optim.OptimConfig(schedule='linear', warmup_steps=0).make_schedule(8, 10)
+    optim.make_schedule(OptimConfig(schedule='linear', warmup_steps=0), 8, 10)
 
 
 def adamw_cfg(**kw):
@@ -54,8 +56,8 @@ def adamw_cfg(**kw):
 def test_weight_decay_skips_norms_and_biases():
   params = {'w': jnp.ones((2, 2)), 'norm.scale': jnp.ones((2,)),
             'bias': jnp.ones((2,))}
-  tx = optim.OptimConfig(**adamw_cfg()).make_optimizer(
-      optax.constant_schedule(0.1), params)
+  tx = optim.make_optimizer(OptimConfig(**adamw_cfg()),
+                            optax.constant_schedule(0.1), params)
   zero = {k: jnp.zeros_like(v) for k, v in params.items()}
   updates, _ = tx.update(zero, tx.init(params), params)
   np.testing.assert_allclose(updates['w'], -0.05 * np.ones((2, 2)))
@@ -70,8 +72,8 @@ def test_clipping_and_accumulation():
   clipped, _ = tx.update(grads, tx.init(params))
   np.testing.assert_allclose(clipped['w'], [0.6, 0.8, 0.0], rtol=1e-6)
   cfg = adamw_cfg(optimizer='adam', grad_accum_steps=2, clip_norm=1.0)
-  tx = optim.OptimConfig(**cfg).make_optimizer(optax.constant_schedule(0.1),
-                                               params)
+  tx = optim.make_optimizer(OptimConfig(**cfg), optax.constant_schedule(0.1),
+                            params)
   state = tx.init(params)
   first, state = tx.update(grads, state, params)
   np.testing.assert_array_equal(first['w'], 0.0)  # accumulating

@@ -5,8 +5,8 @@ import types
 
 import jax
 
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import restore
-from jax_transformer.train.experiment import Experiment
 
 
 def workdir(mesh, shapes):

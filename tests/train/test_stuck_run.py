@@ -11,8 +11,8 @@ from train_runs import train
 from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime import faults, stall
-from jax_transformer.train.experiment import Experiment
 
 
 def test_the_automatic_limit_grows_with_the_longest_interval():

@@ -2,15 +2,19 @@
 
 An :class:`Experiment` is the run's own fields (steps, batches,
 checkpointing, evaluation, logging, timeouts) and one frozen dataclass per
-part, each owning its defaults, its checks and its build where it lives:
+part, each owning its defaults and its checks; each part is built in the
+room that uses it:
 
-  model    ``model.config.ModelConfig``  (vocab_size None: the tokenizer's)
-  lora     ``model.lora.LoraConfig``     ``.apply(model_def, params)``
-  mesh     ``model.sharding.MeshConfig`` ``.make(devices)``
-  data     ``data.config.DataConfig``    read by the whole data layer
-  optim    ``train.optim.OptimConfig``   ``.build(d_model, steps, params)``
-  sample   ``decoding.sampling.SampleConfig`` ``.sampler()``
-  profile  ``train.profiling.ProfileConfig``
+  model    ``model.config.ModelConfig`` (vocab_size None: the tokenizer's)
+  lora     ``parts.LoraConfig``    ``model.lora.apply(config.lora, ...)``
+  mesh     ``parts.MeshConfig``    ``sharding.make_mesh(config.mesh.sizes)``
+  data     ``data.DataConfig``     read by the whole data room
+  optim    ``parts.OptimConfig``   ``train.optim.build(config.optim, ...)``
+  sample   ``parts.SampleConfig``
+  profile  ``parts.ProfileConfig``
+
+Nothing here imports JAX: a config file reads this package before JAX
+starts (``train.py --aot_target`` starts a target's compiler first).
 
 ``configs/*.py`` write it as an ``ml_collections.ConfigDict``
 (:func:`base_config` gives the defaults in that form) so that every
@@ -27,19 +31,21 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from jax_transformer import data, fields
-from jax_transformer.data.config import DataConfig
-from jax_transformer.decoding.sampling import SampleConfig
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment.data import DataConfig
+from jax_transformer.experiment.parts import (
+  LoraConfig,
+  MeshConfig,
+  OptimConfig,
+  ProfileConfig,
+  SampleConfig,
+)
 from jax_transformer.model import config as model_config_lib
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.lora import LoraConfig
-from jax_transformer.model.models import MODELS
-from jax_transformer.model.sharding import MeshConfig
-from jax_transformer.runtime import storage
-from jax_transformer.train.optim import OptimConfig
-from jax_transformer.train.profiling import ProfileConfig
 
+# model.models.MODELS's keys (a test holds them equal; models import JAX).
+MODEL_KINDS = ('decoder_lm', 'encoder_decoder')
 # Fields that count steps, batches or checkpoints: 0 would divide by zero
 # after the first step or (keep_checkpoints) delete every checkpoint.
 POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
@@ -130,14 +136,6 @@ class Experiment:
     return out
 
   @property
-  def model_class(self) -> type:
-    """The model class of model_kind (refused in one sentence if none)."""
-    if self.model_kind not in MODELS:
-      raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
-                       f'{self.model_kind!r}.')
-    return MODELS[self.model_kind]
-
-  @property
   def source_len(self) -> int:
     """Source tokens per row of an encoder-decoder run (data.src_len, else
     seq_len); 0 for a decoder-only LM."""
@@ -200,8 +198,9 @@ class Experiment:
   def check(self) -> None:
     """Refuses in one sentence, before any data is prepared or any step
     compiled, a field no run can use: the run's counts, intervals and
-    paths, then each part's own checks (the dataset named by data is
-    looked up: a 'files' glob that matches nothing, a task misspelt)."""
+    paths, then each part's own checks (what needs the data room, such as
+    a 'files' glob that matches nothing, is ``train.checks.check_fields``).
+    """
     for name in POSITIVE_FIELDS:
       _positive_int(name, getattr(self, name))
     chunk = self.loss_chunk_size
@@ -223,7 +222,9 @@ class Experiment:
       raise UsageError('config.init_from must name a Hugging Face model '
                        'folder, a model id in its cache or a workdir, got '
                        f'{self.init_from!r}.')
-    self.model_class  # noqa: B018  (refuses an unknown model_kind)
+    if self.model_kind not in MODEL_KINDS:
+      raise UsageError(f'model_kind must be one of {sorted(MODEL_KINDS)}, '
+                       f'got {self.model_kind!r}.')
     self.lora.check()
     if self.lora.rank and not self.init_from:
       raise UsageError(f'config.lora.rank={self.lora.rank} trains adapters '
@@ -232,19 +233,7 @@ class Experiment:
                        'generate/export).')
     self.optim.check()
     self.profile.check()
-    self._check_data()
-
-  def _check_data(self) -> None:
     self.data.check()
-    if self.data.data_dir and storage.is_remote(self.data.data_dir):
-      # TFDS's array_record reader opens local files only.
-      raise UsageError(f'config.data.data_dir={self.data.data_dir}: prepared '
-                       'data must be on a local or mounted path (object '
-                       'storage works for --workdir).')
-    data.spec_for(self.data)
-    data.mixture.check(self.data)  # weights, labels, one task
-    # data.tokenizer_path read, and not contradicted by tokenizer/vocab_size.
-    data.datasets.given_tokenizer(self.data)
 
 
 def _positive_int(name: str, value: Any) -> None:
