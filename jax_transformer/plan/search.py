@@ -183,7 +183,7 @@ class Sizer:
                vocab_size: int):
     self.base, self.where = Experiment.of(base), where
     self.vocab_size = vocab_size
-    self.setups = {}
+    self.setups, self.states = {}, {}
 
   def setup(self, cfg) -> model_setup.Setup:
     model_key = (cfg.model.remat, cfg.model.param_dtype)
@@ -203,8 +203,10 @@ class Sizer:
     sharding.check_batch(cfg.batch_size, mesh)
     setup = self.setup(cfg)
     params = sum(x.size for x in setup.abstract_params.values())
+    if id(setup) not in self.states:  # one per setup, not per layout
+      self.states[id(setup)] = model_setup.abstract_state_of(setup, cfg.seed)
     plan = run_plan.build(cfg, mesh, self.vocab_size, setup,
-                          self.where.platform)
+                          self.where.platform, self.states[id(setup)])
     return Sized(c, cfg, setup, plan.estimate.total,
                  guess(c, cfg, setup.model_config, params, self.where))
 

@@ -64,16 +64,19 @@ class RunPlan:
 
 def build(exp: Any, mesh: Mesh, vocab_size: int,
           setup: model_setup.Setup | None = None,
-          platform: str | None = None) -> RunPlan:
+          platform: str | None = None,
+          abstract_state: dict[str, Any] | None = None) -> RunPlan:
   """The plan of exp (anything ``Experiment.of`` reads) on mesh with a
   tokenizer of vocab_size ids; ``setup`` reuses one built for exp's model
   and optimizer; ``platform`` ('tpu', 'gpu'): the memory estimate counts
   the attention that platform's compiler would run ('auto'), where the
-  run is compiled for a target. Refuses in one sentence parameters the
+  run is compiled for a target; ``abstract_state`` reuses setup's (the
+  planner sizes many layouts of one setup). Refuses in one sentence parameters the
   mesh cannot split."""
   exp = Experiment.of(exp)
   setup = setup or model_setup.build(exp, vocab_size)
-  abstract_state = setup.abstract_state(exp.seed)
+  if abstract_state is None:
+    abstract_state = setup.abstract_state(exp.seed)
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
   with (attention.compiling_for(platform) if platform
         else contextlib.nullcontext()):
