@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from jax_transformer import cli
-from jax_transformer.data import datasets
+from jax_transformer.data import datasets, sources
 from jax_transformer.errors import UsageError
 
 PROG = 'prepare_data.py'
@@ -153,8 +153,8 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace, Any]:
                     with_config=True)
   if args.data_dir:
     cfg.data.data_dir = args.data_dir
-  return datasets.prepare_for(cfg.data, seq_len=cfg.seq_len,
-                              workers=args.workers), args, cfg
+  return sources.prepare_for(cfg.data, seq_len=cfg.seq_len,
+                             workers=args.workers), args, cfg
 
 
 @cli.entry_point(PROG)

@@ -12,10 +12,15 @@ Typical use (see docs/data.md)::
 Modules, bottom to top: ``tokenizers``, ``batching`` (example layouts and
 packing), ``downloads`` (TFDS downloads without TensorFlow), the builders
 (``shakespeare``, ``ding``, ``lm1b``, ``wmt``; ``builders`` picks one by
-name; ``files`` your own files), ``datasets`` (what exists; the door
-``spec_for``/``prepare_for``), ``pipeline`` (Grain).
+name; ``files`` your own files, ``hf_datasets`` Hugging Face datasets),
+``datasets`` (the dataset table, reading and preparing a spec),
+``splits`` (one split as Grain batches), ``sources`` (one class per kind
+of source: built-in, TFDS, files, Hugging Face, mixture; the door
+``source_for``/``spec_for``/``prepare_for``), ``mixture``, ``pipeline``
+(the door ``make_iterator``).
 """
 
+from jax_transformer.data import mixture  # noqa: F401 (data.mixture.*)
 from jax_transformer.data.batching import (
                                            lm_example,
                                            lm_layout,
@@ -32,8 +37,6 @@ from jax_transformer.data.datasets import (
                                            get_spec,
                                            load_source,
                                            prepare,
-                                           prepare_for,
-                                           spec_for,
 )
 from jax_transformer.data.pipeline import (
                                            check_config,
@@ -43,6 +46,11 @@ from jax_transformer.data.pipeline import (
                                            make_iterator,
                                            train_iterator,
                                            training_preflight,
+)
+from jax_transformer.data.sources import (
+                                           prepare_for,
+                                           source_for,
+                                           spec_for,
 )
 from jax_transformer.data.tokenizers import (
                                            BOS_ID,
@@ -63,7 +71,8 @@ __all__ = [
     'SentencePieceTokenizer', 'UNK_ID', 'default_data_dir', 'get_spec',
     'global_batch', 'initial_state', 'lm_example', 'lm_layout',
     'load_source', 'load_tokenizer', 'lm_prompt', 'make_dataset',
-    'make_iterator', 'prepare', 'prepare_for', 'spec_for', 'train_iterator',
+    'make_iterator', 'prepare', 'prepare_for', 'source_for', 'spec_for',
+    'train_iterator',
     'training_preflight', 'translation_example',
     'translation_layout', 'translation_source',
 ]

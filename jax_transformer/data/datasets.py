@@ -1,31 +1,21 @@
-"""Which datasets exist, how to read them, and ``prepare`` (build + tokenizer).
+"""Which datasets exist, how to read them, and how to prepare one.
 
-The door from a run's data config to its data is ``spec_for(data_cfg)``
-(what to read) and ``prepare_for(data_cfg)`` (build it, its tokenizer and
-token stores, once). ``data.name`` is one of
+A ``DatasetSpec`` says what the pipeline must know about a dataset: its
+task, splits, text features and default tokenizer. ``DATASETS`` holds the
+built-ins; the other kinds of source (any TFDS name, your files, Hugging
+Face datasets, mixtures) make their spec from a run's config, see
+``sources`` (``source_for``, ``spec_for``, ``prepare_for``).
 
-* a built-in of ``DATASETS`` (its row gives task, keys and tokenizer);
-* any TFDS dataset, as TFDS names it (``'name/config:version'``), from the
-  catalog or already prepared under ``data.data_dir``, with ``data.task``
-  ('lm', or 'translation' when ``data.direction`` is set), ``data.text_key``
-  (LM) or the two feature keys of ``data.direction`` ('src-tgt'), and
-  ``data.lm_mode``;
-* ``'files'``: your files (``data.train_files``/``data.eval_files``), see
-  ``files``;
-* ``'huggingface:OWNER/NAME'`` (``data.hf_config``), or ``'huggingface'``
-  with ``data.hf_path`` (a ``save_to_disk`` folder): a Hugging Face
-  dataset, see ``hf_datasets``.
-
-The tokenizer is trained on the corpus (``data.tokenizer``,
-``data.vocab_size``, ``data.spm_model_type``) or given by
-``data.tokenizer_path`` (``tokenizers.from_path``); token stores are keyed
-by the tokenizer, so two tokenizers never share one.
-
-A dataset is named as TFDS names it (``'shakespeare'``, ``'ding_en_de'``,
-``'wmt14_translate/de-en'``, ``'lm1b'``, ...). ``DATASETS`` records for each
-what the pipeline needs: the task, the splits, the text features and the
-default tokenizer. Everything is read with ``tfds.data_source`` from
-ArrayRecord files, so TensorFlow is never needed.
+Every kind ends as a TFDS dataset read by name (``'shakespeare'``,
+``'ding_en_de'``, ``'wmt14_translate/de-en'``, ``'lm1b'``,
+``'your_files/<fingerprint>'``, ...), with ``tfds.data_source`` from
+ArrayRecord files (``load_source``), so TensorFlow is never needed. Once
+a source has built it (``build``), ``prepare_spec`` gives it its
+tokenizer, trained on the corpus (``data.tokenizer``, ``data.vocab_size``,
+``data.spm_model_type``) or given by ``data.tokenizer_path``
+(``given_tokenizer``), and its token stores, keyed by the tokenizer so
+that two tokenizers never share one. ``prepare(name)`` does all of it for
+a built-in by name.
 
 Files live under ``data_dir`` (default: ``$TFDS_DATA_DIR``, else
 ``~/tensorflow_datasets``, as TFDS itself does)::
@@ -44,13 +34,13 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jax_transformer.data import builders, files, hf_datasets, token_store
+from jax_transformer.data import builders, token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError, first_line
@@ -142,96 +132,6 @@ LM_MODES = ('stream', 'examples')
 TASKS = ('lm', 'translation')
 
 
-def _fields(data_cfg: Any) -> DataConfig:
-  """A data config (name, dict, ConfigDict or DataConfig) as a DataConfig."""
-  return DataConfig.of(data_cfg)
-
-
-def _choice(d: DataConfig, name: str, choices: tuple[str, ...]):
-  value = getattr(d, name)
-  if value is not None and value not in choices:
-    raise UsageError(f'config.data.{name} must be one of {choices}, got '
-                     f'{value!r}.')
-  return value
-
-
-def spec_for(data_cfg: Any) -> DatasetSpec:
-  """What a run's data config reads (see the module doc).
-
-  data_cfg: the run's ``config.data`` (or a dict, a DataConfig, or a
-  dataset name). A built-in keeps its row, where ``task``, ``text_key``
-  and ``lm_mode`` may still override it; ``'files'`` globs and
-  fingerprints the files (so a changed corpus gets another name).
-  """
-  d = _fields(data_cfg)
-  name = d.name
-  if not isinstance(name, str) or not name:
-    raise UsageError(f'config.data.name must name a dataset, got {name!r}.')
-  task = _choice(d, 'task', TASKS)
-  lm_mode = _choice(d, 'lm_mode', LM_MODES)
-  text_key = d.text_key
-  if text_key is not None and (not isinstance(text_key, str) or not text_key):
-    raise UsageError('config.data.text_key must be a feature name, got '
-                     f'{text_key!r}.')
-  overrides = {k: v for k, v in (('task', task), ('lm_mode', lm_mode),
-                                 ('text_key', text_key)) if v is not None}
-  base = DATASETS.get(name) or DATASETS.get(name.split(':')[0])
-  if base is not None:
-    return dataclasses.replace(base, name=name, **overrides)
-  task = task or ('translation' if d.direction else 'lm')
-  languages = _languages(d.direction, task)
-  if name == files.NAME:
-    return _files_spec(d, task, text_key or 'text', languages,
-                       lm_mode or 'stream')
-  if hf_datasets.is_huggingface(name):
-    keys = languages if task == 'translation' else (text_key or 'text',)
-    tfds_name, hf = hf_datasets.spec_fields(name, d, keys)
-    return DatasetSpec(tfds_name, task, text_key=text_key or 'text',
-                       languages=languages, lm_mode=lm_mode or 'stream',
-                       hf=hf)
-  if name.startswith('files/'):
-    raise UsageError(f'config.data.name={name!r}: your files are '
-                     "config.data.name='files' with config.data.train_files.")
-  return DatasetSpec(name, task, text_key=text_key or 'text',
-                     languages=languages, lm_mode=lm_mode or 'stream')
-
-
-def _languages(direction: Any, task: str) -> tuple[str, ...]:
-  """The two feature keys of a translation dataset outside DATASETS,
-  from direction 'src-tgt'."""
-  if task != 'translation':
-    return ()
-  parts = direction.split('-') if isinstance(direction, str) else []
-  if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-    raise UsageError('A translation dataset needs config.data.direction='
-                     "'SRC-TGT', its two feature keys (e.g. 'en-de'), got "
-                     f'{direction!r}.')
-  return tuple(parts)
-
-
-def _files_spec(d, task, text_key, languages, lm_mode) -> DatasetSpec:
-  keys = languages if task == 'translation' else (text_key,)
-  fraction = d.eval_fraction
-  fraction = files.DEFAULT_EVAL_FRACTION if fraction is None else fraction
-  if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-      or not 0 < fraction < 1):
-    raise UsageError('config.data.eval_fraction must be a number between 0 '
-                     f'and 1 (the share held out), got {fraction!r}.')
-  if not d.train_files:
-    raise UsageError("config.data.name='files' reads "
-                     'config.data.train_files: set it to a glob of your '
-                     'files (.txt, .jsonl, .parquet, .tsv).')
-  train = files.expand(d.train_files, 'train_files')
-  evaluation = (files.expand(d.eval_files, 'eval_files')
-                if d.eval_files else [])
-  for path in train + evaluation:
-    files.file_kind(path)
-  fp = files.fingerprint(task, keys, train, evaluation, float(fraction))
-  return DatasetSpec(f'{files.BUILDER}/{fp}', task, text_key=text_key,
-                     languages=languages, lm_mode=lm_mode,
-                     files=(tuple(train), tuple(evaluation), float(fraction)))
-
-
 def load_source(name: str | DatasetSpec, split: str,
                 data_dir: str | None = None):
   """A random-access data source (len, [i]) over a prepared split (a
@@ -279,18 +179,6 @@ def build(name: str, data_dir: str | None = None,
   if not builder.is_prepared():
     builder.download_and_prepare()
   return builder
-
-
-def _build_spec(spec: DatasetSpec, data_dir: str,
-                builder_kwargs: Mapping[str, Any] | None):
-  if spec.files is not None:
-    train, evaluation, fraction = spec.files
-    files.build(data_dir, fingerprint=spec.name.split('/')[1],
-                keys=spec.text_features, train=train, evaluation=evaluation,
-                eval_fraction=fraction)
-  if spec.hf is not None:
-    hf_datasets.build(spec.name, spec.hf, spec.text_features, data_dir)
-  return build(spec.name, data_dir, builder_kwargs)
 
 
 def tokenizer_id(kind: str, vocab_size: int, model_type: str) -> str:
@@ -345,7 +233,7 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
   Repeated calls are cheap: TFDS skips a prepared dataset and a tokenizer
   directory that exists is loaded instead of trained. Run it on one process
   (e.g. ``scripts/prepare_data.py``) before a multi-host job starts.
-  ``prepare_for`` does the same from a run's data config.
+  ``sources.prepare_for`` does the same from a run's data config.
 
   Args:
     dataset_name: a key of DATASETS.
@@ -356,64 +244,13 @@ def prepare(dataset_name: str, data_dir: str | None = None, *,
     builder_kwargs: passed to the TFDS builder (tests point the local
       builders at fixture files with these).
   """
-  return _prepare(get_spec(dataset_name), data_dir, tokenizer=tokenizer,
-                  vocab_size=vocab_size, model_type=model_type,
-                  builder_kwargs=builder_kwargs)
-
-
-def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
-                refuse_other_tokenizer: bool = False,
-                workers: int | None = None) -> PreparedData:
-  """Prepares exactly what a run with this ``config.data`` reads: the
-  dataset (``spec_for``), its tokenizer and the token stores of its
-  ``train_split`` and ``eval_split`` (slices too), once; then refuses in
-  one sentence a split that is missing or empty, or (given seq_len) a
-  stream split with fewer tokens than one window.
-
-  refuse_other_tokenizer: refuse, rather than train, a tokenizer this
-    config asks for when the dataset was prepared with another one (the
-    trainer: training a tokenizer on a big corpus inside a job is hours
-    lost; ``scripts/prepare_data.py --config`` prepares the run's).
-  workers: processes tokenizing a big split (default: data.prepare_workers,
-    else every core).
-  """
-  d = _fields(data_cfg)
-  spec = spec_for(d)
-  given = given_tokenizer(d)
-  splits = tuple(dict.fromkeys((d.train_split or 'train',
-                                d.eval_split or 'validation')))
-  prepared = _prepare(
-      spec, d.data_dir, given=given,
-      given_dir=d.tokenizer_path, tokenizer=d.tokenizer,
-      vocab_size=d.vocab_size,
-      model_type=d.spm_model_type or 'unigram',
-      builder_kwargs=d.builder_kwargs, splits=splits,
-      train_split=splits[0], refuse_other_tokenizer=refuse_other_tokenizer,
-      workers=workers or d.prepare_workers)
-  for split in splits:
-    _check_split(prepared, split, seq_len)
-  return prepared
-
-
-def prepare_alongside(data_cfg: Any, prepared: PreparedData,
-                      splits: tuple[str, ...], *, seq_len: int | None = None,
-                      workers: int | None = None) -> None:
-  """Another dataset read by the same run (a mixture's source) prepared
-  with the run's tokenizer (``prepared.tokenizer``): its TFDS dataset
-  built, its features checked, each split's token store written, then a
-  split that is empty or (given seq_len) too short for a window refused
-  in one sentence, as ``prepare_for`` does."""
-  d = _fields(data_cfg)
-  spec = spec_for(d)
-  data_dir = d.data_dir or default_data_dir()
-  _check_features(spec, _build_spec(spec, data_dir, d.builder_kwargs))
-  here = dataclasses.replace(prepared, spec=spec, data_dir=data_dir)
-  for split in dict.fromkeys(splits):
-    token_store.open_or_build(
-        data_dir, spec.home, split, prepared.tokenizer, spec.text_features,
-        functools.partial(load_source, spec, split, data_dir),
-        workers=workers or d.prepare_workers)
-    _check_split(here, split, seq_len)
+  spec = get_spec(dataset_name)
+  data_dir = data_dir or default_data_dir()
+  return prepare_spec(spec, data_dir,
+                      functools.partial(build, spec.name, data_dir,
+                                        builder_kwargs),
+                      tokenizer=tokenizer, vocab_size=vocab_size,
+                      model_type=model_type)
 
 
 def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
@@ -421,7 +258,7 @@ def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
   or None where it is unset (a tokenizer trained on the corpus); refuses in
   one sentence a path that is no tokenizer, and a ``data.tokenizer`` or
   ``data.vocab_size`` that says otherwise than the tokenizer."""
-  d = _fields(data_cfg)
+  d = DataConfig.of(data_cfg)
   path = d.tokenizer_path
   if path is None:
     return None
@@ -447,8 +284,10 @@ def given_tokenizer(data_cfg: Any) -> tok.Tokenizer | None:
   return tokenizer
 
 
-def _check_split(prepared: PreparedData, split: str,
+def check_split(prepared: PreparedData, split: str,
                  seq_len: int | None) -> None:
+  """Refuses in one sentence a prepared split that is empty or (given
+  seq_len) a stream split with fewer tokens than one window."""
   spec = prepared.spec
   store = token_store.TokenStore(
       token_store.store_dir(prepared.data_dir, spec.home, split,
@@ -466,7 +305,8 @@ def _check_split(prepared: PreparedData, split: str,
           '(e.g. config.data.eval_files) or lower config.seq_len.')
 
 
-def _check_features(spec: DatasetSpec, builder) -> None:
+def check_features(spec: DatasetSpec, builder) -> None:
+  """Refuses in one sentence a text feature the dataset does not have."""
   try:
     have = list(builder.info.features.keys())
   except (AttributeError, TypeError):  # not a dict of features
@@ -501,21 +341,24 @@ def _check_splits_exist(spec: DatasetSpec, builder,
             "'train[:99%]' and 'train[99%:]').")
 
 
-def _prepare(spec: DatasetSpec, data_dir: str | None, *,
-             tokenizer: str | None, vocab_size: int | None, model_type: str,
-             builder_kwargs: Mapping[str, Any] | None,
-             splits: tuple[str, ...] | None = None,
-             train_split: str | None = None,
-             refuse_other_tokenizer: bool = False,
-             workers: int | None = None,
-             given: tok.Tokenizer | None = None,
-             given_dir: str | None = None) -> PreparedData:
+def prepare_spec(spec: DatasetSpec, data_dir: str,
+                 make_builder: Callable[[], Any], *,
+                 tokenizer: str | None, vocab_size: int | None,
+                 model_type: str,
+                 splits: tuple[str, ...] | None = None,
+                 train_split: str | None = None,
+                 refuse_other_tokenizer: bool = False,
+                 workers: int | None = None,
+                 given: tok.Tokenizer | None = None,
+                 given_dir: str | None = None) -> PreparedData:
+  """The dataset of spec built under data_dir (``make_builder()``, its
+  source's ``build``), its tokenizer (given, loaded, or trained on its
+  train_split) and the token stores of splits (default: all), once."""
   # Checked whatever the tokenizer, before the dataset is built: a typo
   # should not wait for a download.
   tok.check_model_type(model_type)
-  data_dir = data_dir or default_data_dir()
-  builder = _build_spec(spec, data_dir, builder_kwargs)
-  _check_features(spec, builder)
+  builder = make_builder()
+  check_features(spec, builder)
   if splits:
     _check_splits_exist(spec, builder, splits)
   if given is not None:  # data.tokenizer_path: used as it is

@@ -1,7 +1,7 @@
 """An experiment's data: which dataset, how it is tokenized and batched.
 
 One frozen dataclass, ``config.data`` of every experiment, read by the
-whole data layer (``datasets.spec_for``, ``mixture.sources``,
+whole data layer (``sources.source_for``, ``mixture.sources``,
 ``pipeline.make_dataset``) and built by :meth:`DataConfig.of` from whatever
 a caller holds: a dataset name, a dict, an ``ml_collections`` config or a
 DataConfig.
@@ -98,7 +98,7 @@ class DataConfig:
 
   def check(self) -> None:
     """Refuses in one sentence a field no dataset could use (what the
-    dataset itself needs is checked by ``datasets.spec_for``)."""
+    dataset itself needs is checked by its source, ``sources.source_for``)."""
     if self.chat_train not in ('all', 'last'):
       raise UsageError("config.data.chat_train must be 'all' or 'last', got "
                        f'{self.chat_train!r}.')
