@@ -36,7 +36,8 @@ def finetuning(c: ConfigDict, *, learning_rate: float, schedule: str,
   c.eval_every = c.checkpoint_every = max(num_steps // 4, 1)
   c.eval_steps = 10
   c.keep_checkpoints = 2
-  c.lora.update(rank=0, alpha=16.0, targets='query,key,value,out')
+  c.lora.update(rank=0, alpha=16.0, targets='query,key,value,out',
+                dropout=0.0)
   return c
 
 

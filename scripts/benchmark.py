@@ -7,6 +7,7 @@ console.
     python scripts/benchmark.py --suite pipeline
     python scripts/benchmark.py --suite stop          # SIGTERM to exit
     python scripts/benchmark.py --suite plan          # the planner's model
+    python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -27,6 +28,10 @@ Suites (see ``jax_transformer/bench/``):
   at 40% MFU: a row per model and chip;
 * ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
   shipped config (``--stop_configs``), mid-training;
+* ``lora``: a LoRA train step against a full fine-tuning step of the same
+  model (``finetune:gpt2_shakespeare``'s shape, rank 8), interleaved
+  rounds: the median per-round ratio lora / full (goal: <= 0.75) and each
+  compiled step's memory per device;
 * ``plan``: the planner's predicted time an update against measured steps
   on the devices at hand: its top three layouts of ``--plan_config``
   (default gpt2_small) on a GPU or TPU, eight layouts of a small LM on CPU
@@ -47,7 +52,7 @@ import sys
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan')
+SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -59,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
   p.add_argument('--rounds', type=int, default=7,
-                 help='cpu: interleaved rounds per comparison')
+                 help='cpu, lora: interleaved rounds per comparison')
   p.add_argument('--models', default='transformer_base,default_lm',
                  help='cpu: comma-separated, of transformer_base,default_lm')
   p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
@@ -116,6 +121,9 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
                                  ' --xla_force_host_platform_device_count=8')
     from jax_transformer.bench import plan  # pylint: disable=g-import-not-at-top
     return plan.run(args.plan_config, rounds=args.rounds)
+  if args.suite == 'lora':
+    from jax_transformer.bench import lora  # pylint: disable=g-import-not-at-top
+    return lora.run(args.rounds)
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -134,7 +142,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'config', 'signal_to_exit_s', 'exit_status', 'saved_step',
               'compiled_to_signal_s', 'layout', 'predicted_step_s',
               'measured_step_s', 'predicted_mfu', 'measured_over_predicted',
-              'spearman', 'top_choice_agrees', 'error')
+              'spearman', 'top_choice_agrees', 'lora_s', 'full_s',
+              'lora_memory_gb', 'full_memory_gb', 'error')
 
 
 def table(rows: list[dict]) -> str:

@@ -20,16 +20,20 @@ from jax_transformer.errors import UsageError
 class LoraConfig:
   """``config.lora`` (docs/finetune.md): rank 0 is off; above 0, only
   adapters on the kernels ``targets`` names train (patterns: 'query',
-  'attention', 'mlp', 'layers.*.ff.wi'), scaled by alpha / rank, and only
-  they are in the optimizer and in checkpoints: the frozen base is read
-  from ``config.init_from`` at every start."""
+  'attention', 'mlp', 'layers.*.ff.wi', or Hugging Face module names:
+  'q_proj', 'c_attn', ...), scaled by alpha / rank, and only they are in
+  the optimizer and in checkpoints: the frozen base is read from
+  ``config.init_from`` at every start. dropout: the rate at which the
+  adapters' input is dropped in training (PEFT's lora_dropout)."""
   rank: int = 0
   alpha: float = 16.0
   targets: str = 'query,key,value,out'
+  dropout: float = 0.0
 
   def check(self) -> None:
     """Refuses in one sentence a rank below 0 or, with LoRA on, an alpha
-    that is not positive (the targets are checked against the model)."""
+    that is not positive or a dropout outside [0, 1) (the targets are
+    checked against the model)."""
     rank = self.rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
       raise UsageError(f'config.lora.rank must be an integer >= 0 (0: off), '
@@ -39,6 +43,11 @@ class LoraConfig:
         alpha, (int, float)) or not alpha > 0):
       raise UsageError(f'config.lora.alpha must be a positive number, got '
                        f'{alpha!r}.')
+    dropout = self.dropout
+    if isinstance(dropout, bool) or not isinstance(
+        dropout, (int, float)) or not 0 <= dropout < 1:
+      raise UsageError('config.lora.dropout must be a number in [0, 1) (0: '
+                       f'none), got {dropout!r}.')
 
 
 @dataclasses.dataclass(frozen=True)

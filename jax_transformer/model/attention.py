@@ -24,6 +24,7 @@ from jax_transformer.model.layers import (
   rope_frequencies,
   rotate,
 )
+from jax_transformer.model.low_rank import project
 
 # Re-exported: the mask helpers lived here first.
 from jax_transformer.model.masks import (  # noqa: F401
@@ -252,8 +253,7 @@ class Attention(nnx.Module):
 
   def _project(self, x: Array, kernel: str, positions: Array | None):
     dtype = self.config.compute_dtype
-    y = jnp.einsum('BTD,DNH->BTNH', x.astype(dtype),
-                   getattr(self, kernel)[...].astype(dtype))
+    y = project(x, getattr(self, kernel), 'BTD,DNH->BTNH', dtype)
     if self.config.has_qkv_bias:
       y = y + getattr(self, kernel + '_bias')[...].astype(dtype)
     if self.rotary and kernel != 'value':
@@ -300,8 +300,7 @@ class Attention(nnx.Module):
     """The output projection: ctx [B, T, N, H] -> [B, T, D]."""
     ctx = constrain(ctx, ('batch', 'length', 'heads', 'head_dim'))
     dtype = self.config.compute_dtype
-    y = jnp.einsum('BTNH,NHD->BTD', ctx.astype(dtype),
-                   self.out[...].astype(dtype))
+    y = project(ctx, self.out, 'BTNH,NHD->BTD', dtype)
     if self.config.use_bias:
       y = y + self.out_bias[...].astype(dtype)
     return y

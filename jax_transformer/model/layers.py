@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.low_rank import project
 from jax_transformer.model.sharding import constrain
 
 Array = jax.Array
@@ -247,18 +248,18 @@ class FeedForward(nnx.Module):
     """x [B, T, D] -> [B, T, D]."""
     dtype = self.config.compute_dtype
     x = x.astype(dtype)
-    h = jnp.einsum('BTD,DF->BTF', x, self.wi[...].astype(dtype))
+    h = project(x, self.wi, 'BTD,DF->BTF', dtype)
     if self.use_bias:
       h = h + self.bi[...].astype(dtype)
     if self.gated:
-      gate = jnp.einsum('BTD,DF->BTF', x, self.wi_gate[...].astype(dtype))
+      gate = project(x, self.wi_gate, 'BTD,DF->BTF', dtype)
       h = jax.nn.silu(gate) * h
     else:
       h = _ACTIVATIONS[self.config.activation](h)
     h = constrain(h, ('batch', 'length', 'mlp'))
     h = dropout(h, self.config.dropout_rate, rngs, deterministic,
                 self.config.dropout_rng)
-    y = jnp.einsum('BTF,FD->BTD', h, self.wo[...].astype(dtype))
+    y = project(h, self.wo, 'BTF,FD->BTD', dtype)
     if self.use_bias:
       y = y + self.bo[...].astype(dtype)
     return y

@@ -14,19 +14,27 @@ made as Flax's ``nnx.LoRA(in, r, out)`` makes them (A from its
 layer layouts convert by name as the other parameters do. 'lora_rank' is in
 no sharding rule: it stays whole, the other axes shard as W's.
 
-The forward is the base model holding W + (alpha / r) A B
-(:class:`LoraModelDef`.merge): the same function of x as nnx.LoRA's
-``x W + (x A) B s`` (to float rounding), over the functional core's flat
-dict, for every model kind, both layer layouts, decoding and export, without
-a LoRA path in the model code. It costs one [in, out] product per kernel per
-step and keeps the weight gradient's matmul; what LoRA saves here is the
-optimizer state and the checkpoints, which hold the adapters only (see
-``trainable``).
+Two forwards, the same function of x (to float rounding):
+
+* training (:meth:`LoraModelDef.merge_for_training`): ``x W + (alpha / r)
+  (drop(x) A) B``, factored (``low_rank.project``), so the backward of a
+  frozen W forms no [in, out] weight gradient and no [in, out] product
+  A B: LoRA's saving in compute, besides the optimizer state and the
+  checkpoints, which hold the adapters only (see ``trainable``). Dropout
+  (``config.lora.dropout``, as PEFT's lora_dropout) drops A's input here
+  alone;
+* everything else (evaluation, decoding, export: :meth:`LoraModelDef.merge`)
+  is the base model holding W + (alpha / r) A B, for every model kind and
+  both layer layouts without a LoRA path in the model code.
+
+A kernel whose projection does not go through ``low_rank.project`` (the
+output head) is merged in training too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 import math
 from typing import Any, Mapping, Sequence
@@ -36,15 +44,30 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer.errors import UsageError
+from jax_transformer.model.low_rank import LowRank
 from jax_transformer.model.params import ModelDef, Params
 
 A, B = 'lora_a', 'lora_b'
 SUFFIXES = ('.' + A, '.' + B)
 RANK_AXIS = 'lora_rank'
 STACK_AXIS = 'layers'
-# Names of targets that stand for several kernels.
+# Names of targets that stand for kernels of other names: groups, and the
+# module names of Hugging Face models (PEFT's target_modules) for the
+# kernels the families' layouts map them to (interop/hf_families.py).
+# GPT-2's c_attn holds query, key and value (export joins their adapters);
+# its c_proj is both the attention's and the MLP's output, as PEFT matches it.
 ALIASES = {'attention': ('query', 'key', 'value', 'out'),
-           'mlp': ('wi', 'wi_gate', 'wo')}
+           'mlp': ('wi', 'wi_gate', 'wo'),
+           'q_proj': ('query',), 'k_proj': ('key',), 'v_proj': ('value',),
+           'o_proj': ('out',), 'gate_proj': ('wi_gate',),
+           'up_proj': ('wi',), 'down_proj': ('wo',),
+           'c_attn': ('query', 'key', 'value'), 'c_proj': ('out', 'wo'),
+           'c_fc': ('wi',)}
+# Kernels whose projections take a low_rank.LowRank (the rest merge).
+FACTORED = ('query', 'key', 'value', 'out', 'wi', 'wi_gate', 'wo')
+# Mixed into a train step's dropout key for the adapters' dropout keys (a
+# constant no nnx.Rngs counter reaches).
+DROPOUT_SALT = 0x4C6F5241
 DEFAULT_TARGETS = 'query,key,value,out'
 
 
@@ -126,11 +149,7 @@ def find_targets(shapes: Mapping[str, Sequence[int]],
     names = [n for n in shapes if not is_adapter(n)
              and any(_matches(m, n) for m in members)]
     if not names:
-      kernels = sorted({n.rsplit('.', 1)[-1] for n, s in shapes.items()
-                        if _kernel_axes(logical_axes[n]) is not None})
-      raise UsageError(f'config.lora.targets: {pattern!r} matches no '
-                       'parameter of this model; its kernels are '
-                       f'{", ".join(kernels)}.')
+      raise UsageError(_unmatched(pattern, shapes, logical_axes))
     for name in names:
       axes = tuple(logical_axes[name])
       split = _kernel_axes(axes)
@@ -147,6 +166,22 @@ def find_targets(shapes: Mapping[str, Sequence[int]],
                           axes[n_stack + n_in:]))
   unique = {t.kernel: t for t in found}
   return [unique[k] for k in sorted(unique)]
+
+
+def _unmatched(pattern: str, shapes: Mapping[str, Sequence[int]],
+               logical_axes: Mapping[str, Sequence[str]]) -> str:
+  """The one-sentence refusal of a pattern that matches nothing: the
+  closest valid names first, then the model's kernels."""
+  kernels = sorted({n.rsplit('.', 1)[-1] for n in shapes
+                    if not is_adapter(n)
+                    and _kernel_axes(logical_axes[n]) is not None})
+  valid = [n for n in kernels + list(ALIASES)
+           if n in kernels or any(m in kernels for m in ALIASES[n])]
+  close = difflib.get_close_matches(pattern, valid, n=3, cutoff=0.5)
+  hint = f'did you mean {" or ".join(close)}? ' if close else ''
+  return (f'config.lora.targets: {pattern!r} matches no parameter of this '
+          f'model; {hint}its kernels are {", ".join(kernels)} (or the '
+          f'aliases {", ".join(n for n in valid if n in ALIASES)}).')
 
 
 def _kernel_axes(axes: Sequence[str]) -> tuple[int, int] | None:
@@ -184,13 +219,34 @@ def merged(params: Mapping[str, jax.Array], targets: Sequence[Target],
   return out
 
 
+def factored(params: Mapping[str, jax.Array], targets: Sequence[Target],
+             scale: float, dropout: float = 0.0,
+             key: jax.Array | None = None) -> dict[str, Any]:
+  """The base parameters with each adapted kernel of FACTORED as a
+  low_rank.LowRank (W, A, B and, with dropout and a key, its own dropout
+  key: one per layer of a stack), the others merged; adapters dropped."""
+  factor = [t for t in targets if t.kernel.rsplit('.', 1)[-1] in FACTORED]
+  out = merged(params, [t for t in targets if t not in factor], scale)
+  for i, t in enumerate(factor):
+    t_key = None
+    if dropout and key is not None:
+      t_key = jax.random.fold_in(jax.random.fold_in(key, DROPOUT_SALT), i)
+      if t.stack:
+        t_key = jax.random.split(t_key, math.prod(t.stack)).reshape(t.stack)
+    out[t.kernel] = LowRank(out[t.kernel], params[f'{t.kernel}.{A}'],
+                            params[f'{t.kernel}.{B}'], t_key, scale, dropout)
+  return out
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoraModelDef(ModelDef):
   """A ModelDef whose parameters also hold adapters: ``merge`` builds the
-  base module holding the merged kernels (see the module docstring)."""
+  base module holding the merged kernels, ``merge_for_training`` the one
+  applying them factored (see the module docstring)."""
   targets: tuple[Target, ...] = ()
   rank: int = 0
   alpha: float = 0.0
+  dropout: float = 0.0
 
   @property
   def scale(self) -> float:
@@ -198,6 +254,11 @@ class LoraModelDef(ModelDef):
 
   def merge(self, params: Params) -> nnx.Module:
     return super().merge(merged(params, self.targets, self.scale))
+
+  def merge_for_training(self, params: Params, key: jax.Array
+                         ) -> nnx.Module:
+    return super().merge(factored(params, self.targets, self.scale,
+                                  self.dropout, key))
 
   @property
   def logical_axes(self) -> dict[str, tuple[str, ...]]:
@@ -236,16 +297,16 @@ class LoraModelDef(ModelDef):
 def apply(config: Any, model_def: ModelDef, abstract_params: Params
           ) -> tuple[ModelDef, Params]:
   """The model with adapters on the targets of config (``config.lora``:
-  rank, alpha, targets); unchanged with rank 0."""
+  rank, alpha, targets, dropout); unchanged with rank 0."""
   if not config.rank:
     return model_def, abstract_params
   return with_adapters(model_def, abstract_params, config.rank, config.alpha,
-                       config.targets)
+                       config.targets, config.dropout)
 
 
 def with_adapters(model_def: ModelDef, abstract_params: Params, rank: int,
-                  alpha: float, targets: str | Sequence[str]
-                  ) -> tuple[LoraModelDef, Params]:
+                  alpha: float, targets: str | Sequence[str],
+                  dropout: float = 0.0) -> tuple[LoraModelDef, Params]:
   """(the LoRA model definition, abstract params with the adapters added)
   for a model's definition and abstract parameters."""
   if rank < 1:
@@ -253,10 +314,14 @@ def with_adapters(model_def: ModelDef, abstract_params: Params, rank: int,
                      f'{rank}.')
   if not alpha or alpha <= 0:
     raise UsageError(f'config.lora.alpha must be positive, got {alpha}.')
+  if not 0.0 <= dropout < 1.0:
+    raise UsageError(f'config.lora.dropout must be in [0, 1), got '
+                     f'{dropout}.')
   found = find_targets({k: v.shape for k, v in abstract_params.items()},
                        model_def.logical_axes, targets)
   lora_def = LoraModelDef(model_def.graphdef, model_def.variables,
-                          tuple(found), int(rank), float(alpha))
+                          tuple(found), int(rank), float(alpha),
+                          float(dropout))
   return lora_def, {**abstract_params, **lora_def.abstract_adapters()}
 
 

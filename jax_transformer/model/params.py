@@ -32,6 +32,14 @@ class ModelDef:
     leaves = [(p, v.replace(params[path_str(p)])) for p, v in self.variables]
     return nnx.merge(self.graphdef, nnx.from_flat_state(leaves))
 
+  def merge_for_training(self, params: Params, key: jax.Array
+                         ) -> nnx.Module:
+    """The module a train step differentiates (``key``: the step's dropout
+    key): ``merge`` here; LoRA's applies its adapters factored
+    (``lora.LoraModelDef``)."""
+    del key
+    return self.merge(params)
+
   @property
   def logical_axes(self) -> dict[str, tuple[str, ...]]:
     """Each parameter's logical axis names, from where it was created."""

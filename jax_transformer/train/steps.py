@@ -121,7 +121,9 @@ def make_train_step(model_def: ModelDef, tx: optax.GradientTransformation,
 
   def loss_fn(trained, frozen, batch, key):
     params = {**frozen, **trained}
-    sums = loss_sums(model_def.merge(params), batch, False,
+    # LoRA's applies its adapters factored: no weight gradient of a frozen
+    # kernel (model/lora.py).
+    sums = loss_sums(model_def.merge_for_training(params, key), batch, False,
                      nnx.Rngs(dropout=key), label_smoothing=label_smoothing,
                      z_loss=z_loss, packed=packed,
                      loss_chunk_size=loss_chunk_size)

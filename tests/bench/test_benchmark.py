@@ -150,3 +150,23 @@ def test_decode_benchmark_rows_ratios_and_bytes():
       2 * ours['peak_bandwidth_fraction'])
   assert decode.peak_bandwidth('NVIDIA H200') == 4.8e12
   assert decode.peak_bandwidth('cpu') is None
+
+
+def test_lora_suite_times_lora_against_full_fine_tuning():
+  """--suite lora on finetune:gpt2_shakespeare's config at a tiny size."""
+  from jax_transformer.bench import lora
+  (row,) = lora.run(rounds=1, vocab=64, seq_len=8, batch_size=2, model=dict(
+      vocab_size=64, d_model=16, num_heads=2, num_decoder_layers=1,
+      d_ff=32, max_len=16))
+  assert row['suite'] == 'lora' and row['rank'] == lora.RANK
+  assert row['rounds'] == 1 and row['lora_s'] > 0 and row['full_s'] > 0
+  assert row['ratio'] == pytest.approx(row['lora_s'] / row['full_s'])
+  assert row['meets_goal'] == (row['ratio'] <= 0.75)
+  # The adapters alone train: fewer trainable parameters, and less memory
+  # (no optimizer moments of the base).
+  assert 0 < row['lora_trainable_m'] < row['full_trainable_m']
+  assert row['full_trainable_m'] == pytest.approx(row['params_m'])
+  assert 0 < row['lora_memory_gb'] < row['full_memory_gb']
+  printed = script_helpers.load_script('benchmark').table([row])
+  for column in ('lora_s=', 'full_s=', 'ratio=', 'lora_memory_gb='):
+    assert column in printed
