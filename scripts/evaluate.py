@@ -93,7 +93,8 @@ def _write_lines(directory, name: str, lines: Sequence[str]) -> None:
 
 def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
   from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
-  sources, refs = evaluation.split_texts(wd.config, split, args.max_examples)
+  sources, refs = evaluation.split_texts(wd.config.data, split,
+                                         args.max_examples)
   start = time.perf_counter()
   hyps = evaluation.translate(
       wd.model(params), wd.tokenizer, sources, beam_size=args.beam_size,
@@ -108,25 +109,26 @@ def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
   from jax_transformer.train import evaluation, steps  # pylint: disable=g-import-not-at-top
-  cfg = wd.config.replace(eval_batch_size=args.batch_size)
   eval_step = jax.jit(steps.make_eval_step(wd.setup.model_def))
-  metrics = evaluation.loss_metrics(eval_step, params, cfg, wd.tokenizer,
-                                    mesh, split, count_text=True,
-                                    progress=True)
+  metrics = evaluation.loss_metrics(
+      eval_step, params, wd.config.data, wd.tokenizer, mesh,
+      (args.batch_size, wd.config.seq_len), split, count_text=True,
+      progress=True)
   return {k.removeprefix('eval_'): v for k, v in metrics.items()}, {}
 
 
 def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
   from jax_transformer.model import sharding
-  from jax_transformer.train import evaluation, restore  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
+  from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   check_args(args)
   # Local or gs://, as training accepts it; one sentence if it is not there.
   wd = restore.open_workdir(args.workdir)
   chosen = restore.choose_steps(wd, args.step, args.average_last)
   cfg = wd.config
   split = args.split or cfg.data.eval_split
-  evaluation.check_split(cfg, split)
+  evaluation.check_split(cfg.data, split)
   if args.batch_size is None:
     args.batch_size = cfg.eval_batch_size
   mesh = restore.inference_mesh(wd)  # the training mesh, on this host

@@ -66,8 +66,8 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import exporter as export_lib
-from jax_transformer.train import restore
+from jax_transformer.workdirs import exporter as export_lib
+from jax_transformer.workdirs import restore
 
 PROG = 'export.py'
 VERIFY_FAILED = 1

@@ -275,7 +275,7 @@ def _load(workdir: str, devices: Sequence[jax.Device] | None = None):
   host's devices (or ``devices``) as ``restore.inference_mesh`` chooses,
   which decoding then shards each batch over; stream if an LM saw raw token
   windows."""
-  from jax_transformer.train import restore  # pylint: disable=g-import-not-at-top
+  from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   trained = restore.load_model(workdir, devices=devices)
   stream = (not isinstance(trained.model, EncoderDecoder)
             and data.spec_for(trained.config.data).lm_mode == 'stream')

@@ -51,7 +51,7 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import importer
+from jax_transformer.workdirs import importer
 
 PROG = 'import_params.py'
 

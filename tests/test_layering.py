@@ -19,8 +19,8 @@ PACKAGE = pathlib.Path(repo.ROOT) / 'jax_transformer'
 # Bottom to top. `jax_transformer/__init__.py` names its public values
 # lazily from every layer and is above them all.
 LAYERS = ('errors', 'fields', 'reserved_ids', 'cli', 'model', 'experiment',
-          'data', 'runtime', 'decoding', 'train', 'compile', 'plan',
-          'interop', 'bench')
+          'data', 'runtime', 'decoding', 'interop', 'train', 'workdirs',
+          'compile', 'plan', 'bench')
 
 
 def module_name(path: pathlib.Path) -> str:

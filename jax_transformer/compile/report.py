@@ -29,7 +29,7 @@ from jax_transformer import errors
 from jax_transformer.compile import hlo_stats, lowering, step_model, topology
 from jax_transformer.decoding import inputs, loop, sampling
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import Experiment, StepShape
 from jax_transformer.model import attention, sharding
 from jax_transformer.runtime import targets, xla_options
 from jax_transformer.train import memory, perf
@@ -148,23 +148,23 @@ def compile_decode(cfg: Experiment, setup, mesh,
   return compile_lowered(lowered, time.perf_counter() - start)
 
 
-def roofline(train: StepCompile, cfg: Experiment, setup,
-             rates: step_model.Rates, chips: int,
+def roofline(train: StepCompile, shape: StepShape, grad_accum_steps: int,
+             setup, rates: step_model.Rates, chips: int,
              islands: list[int] | None = None) -> dict[str, Any]:
-  """The step model's prediction of the step's time from compute, HBM and
-  links at rates (the network's between islands: ``step_model.islands``),
-  and the MFU it predicts (``step_model.figures``: the planner's figures
-  for the same executable)."""
-  cfg = Experiment.of(cfg)
+  """The step model's prediction of the time of a step of ``shape`` from
+  compute, HBM and links at rates (the network's between islands:
+  ``step_model.islands``), and the MFU it predicts for an update of
+  ``grad_accum_steps`` steps (``step_model.figures``: the planner's
+  figures for the same executable)."""
   mc = setup.model_config
-  model_flops = perf.step_flops(mc, cfg.batch_size,
-                                cfg.source_len,
-                                cfg.seq_len)['train']
+  model_flops = perf.step_flops(mc, shape.batch_size, shape.source_len,
+                                shape.seq_len)['train']
   row = {'model_flops_per_step': model_flops,
          'compute_bound_s': model_flops / chips / rates.peak_flops}
   if train.compiled is None:
     return row
-  cost, predicted = step_model.figures(train.compiled, cfg, mc, rates, chips,
+  cost, predicted = step_model.figures(train.compiled, shape,
+                                       grad_accum_steps, mc, rates, chips,
                                        islands)
   xla = step_model.xla_cost(train.compiled)
   row.update(xla_flops_per_chip=xla.get('flops'),
@@ -246,7 +246,7 @@ def report(cfg: Experiment, spec: str, target_name: str,
           hlo_stats.async_collectives(train.compiled.as_text())
           if train.compiled is not None else None),
   }
-  row.update(roofline(train, cfg, setup,
+  row.update(roofline(train, cfg.step_shape, cfg.optim.grad_accum_steps, setup,
                       step_model.Rates.of_target(target, network_bytes_per_s),
                       len(devices), step_model.islands(mesh.devices)))
   row.setdefault('predicted_mfu', None)

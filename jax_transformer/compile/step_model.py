@@ -66,7 +66,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.compile import hlo_stats
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import StepShape
 from jax_transformer.model import sharding
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory, perf
@@ -235,29 +235,22 @@ class StepCost:
     return dataclasses.asdict(self)
 
 
-def grad_accum_steps(cfg: Experiment) -> int:
-  """Train steps (micro-batches of batch_size rows) an update."""
-  cfg = Experiment.of(cfg)
-  return cfg.optim.grad_accum_steps
-
-
-def update_flops(cfg: Experiment, model_config) -> float:
-  """The model's FLOPs of one optimizer update of cfg (batch_size x
-  grad_accum_steps rows), all chips together."""
-  cfg = Experiment.of(cfg)
+def update_flops(shape: StepShape, grad_accum_steps: int,
+                 model_config) -> float:
+  """The model's FLOPs of one optimizer update (grad_accum_steps steps of
+  ``shape``), all chips together."""
   return perf.step_flops(model_config,
-                         cfg.batch_size * grad_accum_steps(cfg),
-                         cfg.source_len, cfg.seq_len)['train']
+                         shape.batch_size * grad_accum_steps,
+                         shape.source_len, shape.seq_len)['train']
 
 
-def kernel_flops(cfg: Experiment, model_config,
-                 chips: int) -> float:
-  """FLOPs per chip of one train step that a fused attention kernel hides
-  from XLA (counted toward the step where the HLO calls one)."""
-  cfg = Experiment.of(cfg)
+def kernel_flops(shape: StepShape, model_config, chips: int) -> float:
+  """FLOPs per chip of one train step of ``shape`` that a fused attention
+  kernel hides from XLA (counted toward the step where the HLO calls
+  one)."""
   return ATTENTION_KERNEL_TRAIN * perf.attention_flops(
-      model_config, cfg.batch_size, cfg.source_len,
-      cfg.seq_len) / chips
+      model_config, shape.batch_size, shape.source_len,
+      shape.seq_len) / chips
 
 
 def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
@@ -306,14 +299,15 @@ def predict(cost: StepCost, rates: Rates, grad_accum_steps: int,
           'predicted_mfu': ideal / update}
 
 
-def figures(compiled, cfg: Experiment, model_config,
-            rates: Rates, chips: int, islands: list[int] | None = None
+def figures(compiled, shape: StepShape, grad_accum_steps: int,
+            model_config, rates: Rates, chips: int,
+            islands: list[int] | None = None
             ) -> tuple[StepCost, dict[str, float]]:
-  """cfg's compiled train step (batch_size rows on ``chips`` chips, over
+  """A compiled train step of ``shape`` (on ``chips`` chips, over
   ``islands``) through the model: its cost, and ``predict``'s figures for
-  an update."""
-  cfg = Experiment.of(cfg)
-  cost = StepCost.of(compiled, kernel_flops(cfg, model_config, chips),
+  an update of ``grad_accum_steps`` steps."""
+  cost = StepCost.of(compiled, kernel_flops(shape, model_config, chips),
                      islands)
-  return cost, predict(cost, rates, grad_accum_steps(cfg),
-                       update_flops(cfg, model_config), chips)
+  return cost, predict(cost, rates, grad_accum_steps,
+                       update_flops(shape, grad_accum_steps, model_config),
+                       chips)

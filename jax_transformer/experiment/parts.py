@@ -140,6 +140,15 @@ class SampleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepShape:
+  """The tokens of one train step's batch (``Experiment.step_shape``):
+  what FLOPs, memory and step-time figures are counted from."""
+  batch_size: int   # rows per step, over all devices
+  source_len: int   # source tokens per row (0: a decoder-only LM)
+  seq_len: int      # target tokens per row
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileConfig:
   """``config.profile``: a trace of steps start_step .. start_step +
   num_steps - 1 under WORKDIR/tensorboard/ (0 steps: none)."""

@@ -40,6 +40,7 @@ from jax_transformer.experiment.parts import (
   OptimConfig,
   ProfileConfig,
   SampleConfig,
+  StepShape,
 )
 from jax_transformer.model import config as model_config_lib
 from jax_transformer.model.config import ModelConfig
@@ -75,7 +76,7 @@ class Experiment:
   model: ModelConfig = dataclasses.field(default_factory=_default_model)
   # Start from a pretrained model: a Hugging Face folder (or a model id in
   # its cache) or another workdir. Its model fields replace model's and
-  # model_kind (train/pretrained.py); None: a fresh model.
+  # model_kind (train/init_from.py); None: a fresh model.
   init_from: str | None = None
   lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
   # An unset model.vocab_size is the tokenizer's rounded up to this, so the
@@ -142,6 +143,11 @@ class Experiment:
     if self.model_kind != 'encoder_decoder':
       return 0
     return self.data.src_len or self.seq_len
+
+  @property
+  def step_shape(self) -> StepShape:
+    """The tokens of one train step's batch."""
+    return StepShape(self.batch_size, self.source_len, self.seq_len)
 
   @property
   def optimizer_updates(self) -> int:

@@ -2,7 +2,7 @@
 
 ``write_folder(config, params, tokenizer, out)`` writes what
 ``transformers.AutoModelForCausalLM.from_pretrained(out)`` loads:
-``config.json`` of the family (``model/hf_families.py``: GPT-2 for learned
+``config.json`` of the family (``interop/hf_families.py``: GPT-2 for learned
 positions, Qwen2 for q/k/v biases alone, Llama otherwise, or the one
 asked for), the weights in float32 as ``model.safetensors`` or, above
 ``max_shard_bytes``, as ``model-0000k-of-0000n.safetensors`` shards with
@@ -27,8 +27,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_tokenizer
-from jax_transformer.model import hf_families
+from jax_transformer.interop import hf_families, hf_tokenizer
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.runtime import storage

@@ -24,15 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_transformer.model import params as params_lib
-from jax_transformer.model.config import ModelConfig
-
 # The table primitives and GPT-2's table live with the Hugging Face
-# families (model/hf_families.py), which the trainer's init_from reads too.
-from jax_transformer.model.hf_families import (  # noqa: F401
+# families (interop/hf_families.py), which the trainer's init_from reads too.
+from jax_transformer.interop.hf_families import (  # noqa: F401
   GPT2_BUFFERS as _GPT2_BUFFERS,
 )
-from jax_transformer.model.hf_families import (  # noqa: F401
+from jax_transformer.interop.hf_families import (  # noqa: F401
   Entry,
   check_tensors,
   gpt2_entries,
@@ -40,11 +37,13 @@ from jax_transformer.model.hf_families import (  # noqa: F401
   model_fields_from_gpt2,
   with_gpt2_prefix,
 )
-from jax_transformer.model.hf_families import head_entry as _head_entry
-from jax_transformer.model.hf_families import joined as _joined
-from jax_transformer.model.hf_families import matrix as _matrix
-from jax_transformer.model.hf_families import norm_entries as _norm_entries
-from jax_transformer.model.hf_families import same as _same
+from jax_transformer.interop.hf_families import head_entry as _head_entry
+from jax_transformer.interop.hf_families import joined as _joined
+from jax_transformer.interop.hf_families import matrix as _matrix
+from jax_transformer.interop.hf_families import norm_entries as _norm_entries
+from jax_transformer.interop.hf_families import same as _same
+from jax_transformer.model import params as params_lib
+from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Arrays = Sequence[np.ndarray]

@@ -237,7 +237,8 @@ def compiled_result(step: report.StepCompile, s: Sized, where: Where,
   if step.compiled is not None:
     cost = step_model.StepCost.of(
         step.compiled,
-        step_model.kernel_flops(s.cfg, s.setup.model_config, where.chips),
+        step_model.kernel_flops(s.cfg.step_shape, s.setup.model_config,
+                                where.chips),
         islands)
     result['cost'] = cost.to_json()
   return result
@@ -416,12 +417,12 @@ def compiled_row(s: Sized, result: dict, spec, where, global_batch
   if 'cost' in result:
     cost = step_model.StepCost(**result['cost'])
     mc = s.setup.model_config
+    accum = s.cfg.optim.grad_accum_steps
     row.update(step_model.predict(
-        cost, where.rates, step_model.grad_accum_steps(s.cfg),
-        step_model.update_flops(s.cfg, mc), where.chips))
+        cost, where.rates, accum,
+        step_model.update_flops(s.cfg.step_shape, accum, mc), where.chips))
     row['collective_bytes'] = cost.collective_bytes
     row['attention_kernels'] = cost.attention_kernels
-    accum = step_model.grad_accum_steps(s.cfg)
     row['cost_bytes'] = {'hbm': cost.hbm_bytes * accum,
                          'link': cost.link_bytes * accum}
   return row

@@ -61,7 +61,7 @@ class Checkpointer:
   def __init__(self, workdir: str | WorkdirPaths, keep: int = 3,
                async_save: bool = True, read_base=None):
     # read_base(config, abstract base params) -> the frozen base of a LoRA
-    # run (``pretrained.frozen_base``): given by whoever opens one, since
+    # run (``init_from.frozen_base``): given by whoever opens one, since
     # reading a base may read another workdir's checkpoints in turn.
     self._read_base = read_base
     # Orbax reads every step's metadata here and logs a damaged one in its

@@ -116,7 +116,8 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
   """
   score = (evaluation.mixture_loss_metrics if cfg.data.mixture
            else evaluation.loss_metrics)  # per source too (data/mixture.py)
-  metrics = score(eval_step, params, cfg, tokenizer, mesh,
+  metrics = score(eval_step, params, cfg.data, tokenizer, mesh,
+                  (cfg.eval_batch_size, cfg.seq_len),
                   max_batches=cfg.eval_steps, stop=stop)
   n = cfg.eval_bleu_examples
   if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
@@ -124,7 +125,7 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
       raise evaluation.Interrupted('stopped before the BLEU check')
     params = multihost_utils.process_allgather(params, tiled=True)
     metrics.update(evaluation.bleu_metrics(
-        setup.model_def.merge(params), tokenizer, cfg, n,
+        setup.model_def.merge(params), tokenizer, cfg.data, n,
         batch_size=cfg.eval_batch_size))
   return metrics
 

@@ -20,22 +20,21 @@ from tqdm import tqdm
 from jax_transformer import data
 from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import DataConfig
 
 LN2 = math.log(2.0)
 
 
-def check_split(cfg: Experiment, split: str) -> None:
+def check_split(data_cfg: DataConfig, split: str) -> None:
   """Raises one ValueError sentence if the prepared dataset lacks the split
   (a slice such as 'train[-500:]' names its split before the bracket)."""
-  spec = data.spec_for(cfg.data)
+  spec = data.spec_for(data_cfg)
   try:
-    source = data.load_source(spec, spec.train_split,
-                              cfg.data.data_dir)
+    source = data.load_source(spec, spec.train_split, data_cfg.data_dir)
   except FileNotFoundError as e:  # not prepared: the message says how
     raise UsageError(str(e)) from None
   del source
-  builder = tfds.builder(spec.name, data_dir=cfg.data.data_dir
+  builder = tfds.builder(spec.name, data_dir=data_cfg.data_dir
                          or data.default_data_dir(),
                          file_format='array_record')
   names = sorted(builder.info.splits)
@@ -75,43 +74,44 @@ class Interrupted(Exception):
   """An evaluation abandoned because the run was asked to stop."""
 
 
-def loss_metrics(eval_step: Callable, params, cfg: Experiment,
-                 tokenizer, mesh, split: str | None = None,
+def loss_metrics(eval_step: Callable, params, data_cfg: DataConfig,
+                 tokenizer, mesh, rows: tuple[int, int],
+                 split: str | None = None,
                  max_batches: int | None = None,
                  count_text: bool = False,
                  progress: bool = False,
-                 stop: Callable[[int], bool] | None = None,
-                 data_cfg: Any = None) -> dict[str, float]:
-  """Loss and perplexity over a split (default: config.data.eval_split),
-  every token of it unless max_batches is given.
+                 stop: Callable[[int], bool] | None = None
+                 ) -> dict[str, float]:
+  """Loss and perplexity over a split of ``data_cfg`` (default: its
+  eval_split) in batches of ``rows`` (batch size, tokens per row), every
+  token of it unless max_batches is given.
 
   eval_step(params, global_batch) -> {'nll': sum, 'tokens': count}. With
   count_text, also bits per byte (byte tokenizers) or per character.
   stop(batches done) -> True abandons the evaluation (raises Interrupted),
   so a stop signal need not wait for a whole split; every process must
-  give the same answer for the same count. data_cfg: the data to score
-  (default: config.data; a mixture's source, say).
+  give the same answer for the same count.
   """
-  data_cfg = cfg.data if data_cfg is None else data_cfg
   split = split or data_cfg.eval_split or 'validation'
-  sums = _loss_sums(eval_step, params, cfg, tokenizer, mesh, data_cfg,
+  sums = _loss_sums(eval_step, params, data_cfg, tokenizer, mesh, rows,
                     split, max_batches, count_text, progress, stop)
   return _loss_row(*sums, tokenizer if count_text else None)
 
 
 def mixture_loss_metrics(eval_step: Callable, params,
-                         cfg: Experiment, tokenizer, mesh,
+                         data_cfg: DataConfig, tokenizer, mesh,
+                         rows: tuple[int, int],
                          max_batches: int | None = None,
                          stop: Callable[[int], bool] | None = None
                          ) -> dict[str, float]:
-  """``loss_metrics`` of each source of config.data.mixture on its own
+  """``loss_metrics`` of each source of data_cfg.mixture on its own
   eval_split (its first max_batches batches), as ``eval_loss/<label>`` and
   ``eval_perplexity/<label>``, and of all of them pooled over tokens as
   ``eval_loss`` and ``eval_perplexity``."""
   out, nll, tokens = {}, 0.0, 0.0
-  for source in data.mixture.sources(cfg.data):
+  for source in data.mixture.sources(data_cfg):
     s_nll, s_tokens, _ = _loss_sums(
-        eval_step, params, cfg, tokenizer, mesh, source.data,
+        eval_step, params, source.data, tokenizer, mesh, rows,
         source.eval_split, max_batches, False, False, stop)
     for key, value in _loss_row(s_nll, s_tokens).items():
       out[f'{key}/{source.label}'] = value
@@ -119,12 +119,13 @@ def mixture_loss_metrics(eval_step: Callable, params,
   return {**_loss_row(nll, tokens), **out}
 
 
-def _loss_sums(eval_step, params, cfg, tokenizer, mesh, data_cfg, split,
+def _loss_sums(eval_step, params, data_cfg, tokenizer, mesh, rows, split,
                max_batches, count_text, progress, stop
                ) -> tuple[float, float, float]:
   """(summed nll, scored tokens, text units) over a split."""
+  batch_size, seq_len = rows
   it = data.make_iterator(data_cfg, split, tokenizer,
-                          batch_size=cfg.eval_batch_size, seq_len=cfg.seq_len,
+                          batch_size=batch_size, seq_len=seq_len,
                           shuffle=False, num_epochs=1)
   batches = itertools.islice(it, max_batches)
   if progress:
@@ -162,14 +163,14 @@ def _loss_row(nll: float, tokens: float, units: float = 0.0,
 # Translation.
 
 
-def split_texts(cfg: Experiment, split: str,
+def split_texts(data_cfg: DataConfig, split: str,
                 max_examples: int | None = None
                 ) -> tuple[list[str], list[str]]:
   """(sources, references) of a translation split, in stored order."""
-  spec = data.spec_for(cfg.data)
+  spec = data.spec_for(data_cfg)
   src_key, tgt_key = data.pipeline.translation_keys(
-      spec, cfg.data.direction)
-  source = data.load_source(spec, split, cfg.data.data_dir)
+      spec, data_cfg.direction)
+  source = data.load_source(spec, split, data_cfg.data_dir)
   n = len(source) if max_examples is None else min(max_examples, len(source))
   rows = [source[i] for i in range(n)]
   return ([data.datasets.as_text(r[src_key]) for r in rows],
@@ -201,11 +202,11 @@ def bleu_and_chrf(hypotheses: Sequence[str], references: Sequence[str]
           'bleu_detail': str(b)}
 
 
-def bleu_metrics(model, tokenizer, cfg: Experiment,
+def bleu_metrics(model, tokenizer, data_cfg: DataConfig,
                  num_examples: int, batch_size: int) -> dict[str, float]:
   """Greedy BLEU and chrF on the first num_examples of the eval split (the
   trainer's periodic check; scripts/evaluate.py scores whole splits)."""
-  sources, refs = split_texts(cfg, cfg.data.eval_split, num_examples)
+  sources, refs = split_texts(data_cfg, data_cfg.eval_split, num_examples)
   hyps = translate(model, tokenizer, sources, batch_size=batch_size)
   scores = bleu_and_chrf(hyps, refs)
   return {'eval_bleu': scores['bleu'], 'eval_chrf': scores['chrf']}

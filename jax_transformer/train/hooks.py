@@ -23,7 +23,6 @@ import numpy as np
 
 from jax_transformer.data.pipeline import Batches
 from jax_transformer.data.tokenizers import Tokenizer
-from jax_transformer.experiment import Experiment
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train.goodput import Clock
 from jax_transformer.train.metrics import MetricWriter
@@ -167,7 +166,7 @@ class Hooks:
 class Run:
   """What the loop shares with its hooks: the run's fixed parts, its state
   and how far it got."""
-  cfg: Experiment
+  num_steps: int                # the run's last step
   workdir: WorkdirPaths
   mesh: jax.sharding.Mesh
   setup: Setup
@@ -199,7 +198,7 @@ class Run:
   @property
   def last(self) -> bool:
     """Whether run.step is the run's last step."""
-    return self.step == self.cfg.num_steps
+    return self.step == self.num_steps
 
   def log(self, *args) -> None:
     """print on process 0."""

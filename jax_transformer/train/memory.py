@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import StepShape
 from jax_transformer.model import attention, sharding
 from jax_transformer.model.config import ModelConfig
 
@@ -99,11 +99,11 @@ class Budget:
   source: str
 
   @classmethod
-  def of(cls, cfg: Experiment,
+  def of(cls, configured: float | None,
          device_kind: str | None = None) -> 'Budget':
-    """config.device_memory_gb when set, else the built-in figure for the
-    device kind (default: that of this process's first device)."""
-    configured = cfg.device_memory_gb
+    """``configured`` (config.device_memory_gb) when set, else the built-in
+    figure for the device kind (default: that of this process's first
+    device)."""
     if configured is not None:
       return cls(int(configured * GB),
                  f'config.device_memory_gb is {configured:g}')
@@ -296,20 +296,19 @@ def activation_bytes(mc: ModelConfig, batch: int, tgt_len: int,
   return int(layers + ends + logits)
 
 
-def estimate(cfg: Experiment, model_config: ModelConfig,
-             abstract_state: dict[str, Any], shardings: dict[str, Any],
-             mesh: jax.sharding.Mesh) -> Footprint:
-  """The per-device footprint of this run's train step, before compiling
-  (``shardings`` as ``steps.state_shardings`` plans them)."""
-  cfg = Experiment.of(cfg)
+def estimate(shape: StepShape, loss_chunk_size: int,
+             model_config: ModelConfig, abstract_state: dict[str, Any],
+             shardings: dict[str, Any], mesh: jax.sharding.Mesh) -> Footprint:
+  """The per-device footprint of a train step of ``shape`` (loss chunked
+  by ``loss_chunk_size`` rows, 0: whole), before compiling (``shardings``
+  as ``steps.state_shardings`` plans them)."""
   params, rest = state_bytes(abstract_state, shardings)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   # A loss chunk takes rows from the whole batch: each device holds its
   # share.
-  chunk = cfg.loss_chunk_size
-  acts = activation_bytes(model_config, cfg.batch_size // shards,
-                          cfg.seq_len, cfg.source_len,
-                          mesh.shape['tensor'], -(-chunk // shards))
+  acts = activation_bytes(model_config, shape.batch_size // shards,
+                          shape.seq_len, shape.source_len,
+                          mesh.shape['tensor'], -(-loss_chunk_size // shards))
   # Gradients have the parameters' shapes, dtypes and shardings.
   return Footprint(params, rest, params, acts,
                    gathered_bytes(model_config, mesh))

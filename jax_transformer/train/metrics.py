@@ -13,7 +13,7 @@ import jax
 from etils import epath
 from tensorboardX import SummaryWriter, record_writer
 
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import StepShape
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import optim, perf
@@ -168,10 +168,12 @@ class Rows:
   moments add (evaluation, time parts); then ``logged``.
   """
 
-  def __init__(self, cfg: Experiment, setup):
-    self._cfg = cfg
+  def __init__(self, setup, rates: Throughput, log_every: int,
+               grad_accum_steps: int):
     self._setup = setup
-    self._rates = Throughput(cfg, setup.model_config)
+    self._rates = rates
+    self._log_every = log_every
+    self._grad_accum_steps = grad_accum_steps
     self._sums = []  # host metrics of the steps since the last row
 
   def finished(self, run, step: int, metrics: dict) -> None:
@@ -179,11 +181,12 @@ class Rows:
     self._sums.append(metrics)
 
   def after_step(self, run) -> None:
-    if not (run.step % self._cfg.log_every == 0 or run.last):
+    if not (run.step % self._log_every == 0 or run.last):
       return
     run.finish_steps()
     sums, self._sums = self._sums, []
-    row = summarise(sums, self._setup, self._cfg, run.step)
+    row = summarise(sums, self._setup.schedule, self._grad_accum_steps,
+                    run.step)
     # Training time since the last row: evaluation, compiles and rows
     # themselves are not.
     seconds = run.clock.since_row('data_wait', 'step', 'checkpoint')
@@ -201,13 +204,14 @@ class Throughput:
   device's peak is known (config.peak_tflops, or built in for H100, H200,
   A100 and TPUs), model FLOPs utilisation (see ``perf.py``)."""
 
-  def __init__(self, cfg: Experiment, model_config):
-    cfg = Experiment.of(cfg)
-    self.step_flops = perf.step_flops(model_config, cfg.batch_size,
-                                      cfg.source_len,
-                                      cfg.seq_len)['train']
-    peak = cfg.peak_tflops
-    peak = (peak * 1e12 if peak else
+  def __init__(self, shape: StepShape, model_config,
+               peak_tflops: float | None = None):
+    """A step of ``shape``; ``peak_tflops`` (config.peak_tflops) per device,
+    else the device kind's built-in peak."""
+    self.step_flops = perf.step_flops(model_config, shape.batch_size,
+                                      shape.source_len,
+                                      shape.seq_len)['train']
+    peak = (peak_tflops * 1e12 if peak_tflops else
             perf.peak_flops(jax.devices()[0].device_kind))
     self.peak = None if peak is None else peak * jax.device_count()
 
@@ -223,17 +227,18 @@ class Throughput:
     return out
 
 
-def summarise(sums: list[dict], setup, cfg: Experiment,
+def summarise(sums: list[dict], schedule, grad_accum_steps: int,
               step: int) -> dict[str, float]:
-  """Losses per target token, the last gradient norm and learning rate of
-  the steps whose host metrics are ``sums``, the last being ``step``."""
+  """Losses per target token, the last gradient norm and learning rate
+  (``schedule`` of the updates so far) of the steps whose host metrics are
+  ``sums``, the last being ``step``."""
   tokens = sum(float(m['tokens']) for m in sums)
-  updates = (step - 1) // cfg.optim.grad_accum_steps
+  updates = (step - 1) // grad_accum_steps
   return {
       'loss': sum(float(m['loss']) for m in sums) / max(tokens, 1.0),
       'nll': sum(float(m['nll']) for m in sums) / max(tokens, 1.0),
       'grad_norm': float(sums[-1]['grad_norm']),
-      'learning_rate': float(setup.schedule(updates)),
+      'learning_rate': float(schedule(updates)),
       # Target tokens since the last row; summed over rows, the tokens seen.
       'target_tokens': tokens,
       # Skipped updates (optim.skip_non_finite) as of the row's last step.

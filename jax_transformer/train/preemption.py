@@ -91,7 +91,7 @@ class Preemption:
   def start(self, run) -> None:
     # After a first evaluation (which stops between its batches): the first
     # batch, which may be long in coming, is waited for next.
-    if not self.requested and run.step < run.cfg.num_steps:
+    if not self.requested and not run.last:
       self.at_once = FIRST_BATCH
 
   def should_stop(self, step: int, every: int = AGREE_EVERY) -> bool:

@@ -16,6 +16,7 @@ import os
 
 import jax
 
+from jax_transformer.experiment import ProfileConfig
 from jax_transformer.runtime.workdir import WorkdirPaths
 
 DEMAND_FILE = 'PROFILE'
@@ -32,9 +33,10 @@ class Profiler:
   ``after_step``, ``end``.
   """
 
-  def __init__(self, cfg, workdir: WorkdirPaths, main: bool):
-    self._first_planned = cfg.profile.start_step
-    self._planned_count = cfg.profile.num_steps
+  def __init__(self, profile: ProfileConfig, workdir: WorkdirPaths,
+               main: bool):
+    self._first_planned = profile.start_step
+    self._planned_count = profile.num_steps
     self._dir = os.fspath(workdir.tensorboard)
     self._demand = os.path.join(os.fspath(workdir.root), DEMAND_FILE)
     self._main = main

@@ -48,13 +48,14 @@ class RunPlan:
   def train_step(self):
     """The jitted train step (state donated); call or lower it with the
     mesh in context (``steps.traced_under``)."""
-    return steps.jit_train_step(self.exp, self.setup, self.mesh,
-                                self.shardings)
+    return steps.jit_train_step(self.exp.optim, bool(self.exp.data.pack),
+                                self.exp.loss_chunk_size, self.setup,
+                                self.mesh, self.shardings)
 
   def eval_step(self):
     """The jitted eval step over the sharded parameters."""
-    return steps.jit_eval_step(self.exp, self.setup, self.mesh,
-                               self.shardings)
+    return steps.jit_eval_step(self.exp.loss_chunk_size, self.setup,
+                               self.mesh, self.shardings)
 
   def fresh_state(self) -> dict[str, Any]:
     """A new train state, made already sharded."""
@@ -80,7 +81,8 @@ def build(exp: Any, mesh: Mesh, vocab_size: int,
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract_state)
   with (attention.compiling_for(platform) if platform
         else contextlib.nullcontext()):
-    estimate = memory.estimate(exp, setup.model_config, abstract_state,
+    estimate = memory.estimate(exp.step_shape, exp.loss_chunk_size,
+                               setup.model_config, abstract_state,
                                shardings, mesh)
   return RunPlan(exp, mesh, setup, abstract_state, shardings, param_specs,
                  estimate)

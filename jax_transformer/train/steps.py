@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import OptimConfig
 from jax_transformer.model import lora, sharding
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
@@ -178,28 +178,28 @@ def state_shardings(setup, mesh, abstract_state):
   return shardings, param_specs
 
 
-def jit_train_step(cfg: Experiment, setup, mesh, shardings):
-  """The run's train step, jitted for its state shardings and mesh (the
-  state is donated). Lower it under ``jax.sharding.use_abstract_mesh`` so
-  that the activation constraints apply."""
-  cfg = Experiment.of(cfg)
+def jit_train_step(optim: OptimConfig, packed: bool, loss_chunk_size: int,
+                   setup, mesh, shardings):
+  """The run's train step (its loss as ``optim`` says, over packed rows or
+  not), jitted for its state shardings and mesh (the state is donated).
+  Lower it under ``jax.sharding.use_abstract_mesh`` so that the activation
+  constraints apply."""
   return jax.jit(
-      make_train_step(setup.model_def, setup.tx, cfg.optim.label_smoothing,
-                      cfg.optim.z_loss, packed=bool(cfg.data.pack),
-                      loss_chunk_size=cfg.loss_chunk_size),
+      make_train_step(setup.model_def, setup.tx, optim.label_smoothing,
+                      optim.z_loss, packed=packed,
+                      loss_chunk_size=loss_chunk_size),
       in_shardings=(shardings, sharding.batch_sharding(mesh)),
       out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
       donate_argnums=0)
 
 
-def jit_eval_step(cfg: Experiment, setup, mesh, shardings):
+def jit_eval_step(loss_chunk_size: int, setup, mesh, shardings):
   """The run's eval step over its sharded params (evaluation batches are
   never packed, see data.pipeline); like jit_train_step, call or lower it
   with the mesh in context (``traced_under``)."""
-  cfg = Experiment.of(cfg)
   return jax.jit(
       make_eval_step(setup.model_def, packed=False,
-                     loss_chunk_size=cfg.loss_chunk_size),
+                     loss_chunk_size=loss_chunk_size),
       in_shardings=(shardings['params'], sharding.batch_sharding(mesh)),
       out_shardings=NamedSharding(mesh, PartitionSpec()))
 

@@ -36,11 +36,11 @@ from jax_transformer.train import (
   evaluating,
   finite,
   goodput,
+  init_from,
   memory,
   metrics,
   perf,
   preemption,
-  pretrained,
   profiling,
   progress,
   run_plan,
@@ -73,11 +73,11 @@ def train_and_evaluate(cfg: Experiment | Any,
   """
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
-  explicit = pretrained.command_line_overrides(cfg)  # train.py's ConfigDict
+  explicit = init_from.command_line_overrides(cfg)  # train.py's ConfigDict
   cfg = checks.check_fields(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
   # config.init_from's model fields
-  cfg = pretrained.resolve_config(cfg, workdir, explicit)
+  cfg = init_from.resolve_config(cfg, workdir, explicit)
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
   # What the workdir held before this start (None: no such folder).
@@ -86,7 +86,7 @@ def train_and_evaluate(cfg: Experiment | Any,
   watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(workdir.root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints,
-                                         read_base=pretrained.frozen_base)
+                                         read_base=init_from.frozen_base)
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   # From here a stop signal stops the run: at once until its state is made
   # (preemption.StoppedBeforeFirstStep), then after a step and a save.
@@ -122,7 +122,7 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
   clock = goodput.Clock()  # start-up until the loop
   faults.reached('prepare', 0)
   prepared = prepare_data(cfg)
-  start = pretrained.start(cfg, checkpointer.latest_step() is not None)
+  start = init_from.start(cfg, checkpointer.latest_step() is not None)
   tokenizer = checkpoint.run_tokenizer(
       workdir, start.tokenizer if start else prepared.tokenizer,
       checkpointer.latest_step() is not None)
@@ -130,7 +130,7 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
   setup, abstract_state = plan.setup, plan.abstract_state
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
                       plan.param_specs, mesh))
-  budget = memory.Budget.of(cfg)
+  budget = memory.Budget.of(cfg.device_memory_gb)
   log(memory.preflight(plan.estimate, budget))
   # Before the side files: a refused run leaves no config.json that a
   # rerun with longer rows would have to match.
@@ -152,11 +152,11 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
     log(f'Started from {start.source.path} ({start.source.what}).')
   else:
     state = plan.fresh_state()
-  run = Run(cfg, workdir, mesh, setup, tokenizer, writer, clock, train_iter,
-            state, step=int(jax.device_get(state['step'])))
+  run = Run(cfg.num_steps, workdir, mesh, setup, tokenizer, writer, clock,
+            train_iter, state, step=int(jax.device_get(state['step'])))
   eval_step = steps.traced_under(mesh, plan.eval_step())
-  run.hooks = Hooks(make_hooks(run, checkpointer, eval_step, extra_hooks,
-                               stop), clock)
+  run.hooks = Hooks(make_hooks(run, cfg, checkpointer, eval_step,
+                               extra_hooks, stop), clock)
   stop.check()
   stop.at_once = None  # the state is made: a signal now saves, then stops
   train_step = plan.train_step()
@@ -197,7 +197,8 @@ def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
                     '%s', workdir, err)
 
 
-def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
+def make_hooks(run: Run, cfg: Experiment,
+               checkpointer: checkpoint.Checkpointer,
                eval_step, extra: Sequence[Any] = (),
                stop: preemption.Preemption | None = None) -> list:
   """The run's hooks, in the order they act at each moment: the end of
@@ -206,7 +207,6 @@ def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
   stopping (``stop``, made here unless given), then saving (so a stop any
   of them asks for is saved); the clock last, so that its rows and summary
   hold the others' time."""
-  cfg = run.cfg
   stop = stop or preemption.Preemption(at_once=None)
   # Ends this process if nothing progresses for config.step_timeout_s.
   watch = stall.StallWatch(cfg.step_timeout_s,
@@ -214,9 +214,11 @@ def make_hooks(run: Run, checkpointer: checkpoint.Checkpointer,
   return [
       preemption.FirstBatchRead(stop),
       faults.FaultPoints(),
-      profiling.Profiler(cfg, run.workdir, run.main),
+      profiling.Profiler(cfg.profile, run.workdir, run.main),
       progress.ProgressBar(run.step, cfg.num_steps, run.main),
-      metrics.Rows(cfg, run.setup),
+      metrics.Rows(run.setup, metrics.Throughput(
+          cfg.step_shape, run.setup.model_config, cfg.peak_tflops),
+          cfg.log_every, cfg.optim.grad_accum_steps),
       evaluating.Evaluation(cfg, eval_step, stop, watch, evaluate),
       *extra,
       finite.FiniteCheck(checkpointer,
@@ -239,7 +241,7 @@ def run_steps(run: Run, compile_step) -> None:
   compiled = None
   try:
     hooks.start(run)
-    while run.step < run.cfg.num_steps and run.stop is None:
+    while run.step < run.num_steps and run.stop is None:
       hooks.before_step(run)
       with clock.charged('data_wait'):
         batch = data.global_batch(next(run.train_iter), run.mesh)

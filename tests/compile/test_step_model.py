@@ -116,7 +116,9 @@ def test_the_target_report_and_the_planner_give_one_step_time():
   run = lowering.lower_train(sized.cfg, list(where.devices), 'cpu', 64,
                              sized.setup)
   step = report.compile_lowered(run.lowered, run.lower_s)
-  table = report.roofline(step, sized.cfg, sized.setup, rates, where.chips)
+  table = report.roofline(step, sized.cfg.step_shape,
+                          sized.cfg.optim.grad_accum_steps, sized.setup,
+                          rates, where.chips)
   # As the planner keeps it (its cache's JSON) and ranks it.
   kept = json.loads(json.dumps(search.compiled_result(step, sized, where)))
   planned = search.compiled_row(sized, kept, 'tiny', where, 16)

@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from train_runs import finish, train
@@ -14,6 +13,7 @@ from train_runs import finish, train
 from jax_transformer import data
 from jax_transformer.data import mixture
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import DataConfig
 from jax_transformer.runtime import faults
 from jax_transformer.train import evaluation
 
@@ -103,10 +103,9 @@ def test_evaluation_scores_each_source_and_all_together(two_sources):
            + 3.0 * jnp.sum(scored & (batch['targets'] == b)))
     return {'nll': nll, 'tokens': jnp.sum(scored)}
 
-  run = {'data': cfg, 'eval_batch_size': 8, 'seq_len': 16}
   mesh = jax.make_mesh((8, 1), ('data', 'fsdp'))
   row = evaluation.mixture_loss_metrics(
-      eval_step, None, ml_collections.ConfigDict(run), tokenizer, mesh)
+      eval_step, None, DataConfig.of(cfg), tokenizer, mesh, (8, 16))
   assert set(row) == {'eval_loss', 'eval_perplexity', 'eval_loss/a',
                       'eval_perplexity/a', 'eval_loss/b',
                       'eval_perplexity/b'}

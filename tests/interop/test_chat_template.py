@@ -26,8 +26,9 @@ from jax_transformer.data import batching, chat, files
 from jax_transformer.data import testing as data_testing
 from jax_transformer.data.tokenizers import ByteTokenizer, HuggingFaceTokenizer
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_tokenizer, importer
-from jax_transformer.train import pretrained, restore
+from jax_transformer.interop import hf_checkpoint, hf_tokenizer
+from jax_transformer.train import init_from
+from jax_transformer.workdirs import importer, restore
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
@@ -250,7 +251,7 @@ def test_the_template_survives_specials_taken_from_config_json(tmp_path):
   tok.save_pretrained(folder)
   # config.json names a BOS the tokenizer files do not: filled in, and the
   # template kept.
-  got = pretrained.hf_tokenizer(folder, {'bos_token_id': 1})
+  got = hf_checkpoint.hf_tokenizer(folder, {'bos_token_id': 1})
   assert got.bos_id == 1 and got.chat_template == TEMPLATE
 
 
@@ -261,13 +262,13 @@ def test_a_hugging_face_folder_without_config_json_is_named_as_one(
   hf_tokenizer_with_turns(TEMPLATE, bos=True).save_pretrained(str(folder))
   (folder / 'model.safetensors').write_bytes(b'')
   with pytest.raises(UsageError) as e:
-    pretrained.open_source(str(folder))
+    init_from.open_source(str(folder))
   said = str(e.value)
   assert 'holds a Hugging Face model (model.safetensors, tokenizer.json' in said
   assert 'it has no config.json' in said and 'training workdir' not in said
   (folder / 'config.json').write_text('{}')
   with pytest.raises(UsageError, match='its config.json names no model_type'):
-    pretrained.open_source(str(folder))
+    init_from.open_source(str(folder))
 
 
 def test_the_import_note_says_which_ids_frame_the_rows():

@@ -25,12 +25,12 @@ from jax_transformer import data
 from jax_transformer.data import testing as data_testing
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
-from jax_transformer.interop import exporter as export_lib
-from jax_transformer.interop import importer
 from jax_transformer.interop.torch_reference import TorchTransformer
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.models import DecoderLM
-from jax_transformer.train import checkpoint, restore, trainer
+from jax_transformer.train import checkpoint, trainer
+from jax_transformer.workdirs import exporter as export_lib
+from jax_transformer.workdirs import importer, restore
 
 ENDE = os.path.join(repo.ROOT, 'configs/translate_ende.py:tiny')
 GPT2 = os.path.join(repo.ROOT, 'configs/gpt2_small.py:shakespeare')

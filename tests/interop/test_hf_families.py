@@ -1,5 +1,5 @@
-"""Hugging Face decoder families both ways (model/hf_families.py,
-train/pretrained.py, interop/hf_export.py): tiny random Llama 3 (GQA, RoPE
+"""Hugging Face decoder families both ways (interop/hf_families.py,
+train/init_from.py, interop/hf_export.py): tiny random Llama 3 (GQA, RoPE
 scaling), Llama 2 (attention biases), Mistral, Qwen2 (q/k/v biases) and
 GPT-2 models made by transformers import with its logits, placed over eight
 devices; exports load in transformers (AutoModelForCausalLM) with the JAX
@@ -18,12 +18,12 @@ from hf_models import FAMILIES, VOCAB, random_ids, save, torch_logits
 from jax.sharding import NamedSharding
 
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_export
-from jax_transformer.model import hf_families, sharding
+from jax_transformer.interop import hf_checkpoint, hf_export, hf_families
 from jax_transformer.model import params as params_lib
+from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import DecoderLM
-from jax_transformer.train import pretrained
+from jax_transformer.train import init_from
 
 # float32 on both sides; logits are O(1).
 TOLERANCE = 1e-5
@@ -31,7 +31,7 @@ TOLERANCE = 1e-5
 
 def placed(folder, scan_layers=False, mesh_sizes=None):
   """(model config, params over 8 devices) of a Hugging Face folder."""
-  source = pretrained.open_source(folder)
+  source = init_from.open_source(folder)
   config = ModelConfig(**source.fields, dropout_rate=0.0,
                        attention_dropout_rate=0.0, scan_layers=scan_layers,
                        attention_implementation=None)
@@ -61,7 +61,7 @@ def hf_folder(request, tmp_path_factory):
 def test_each_family_imports_with_transformers_logits(hf_folder):
   family, folder, model = hf_folder
   if family == 'llama3':
-    assert os.path.exists(os.path.join(folder, pretrained.HF_INDEX))
+    assert os.path.exists(os.path.join(folder, hf_checkpoint.HF_INDEX))
   config, params, source = placed(folder, scan_layers=family == 'qwen2')
   assert len(next(iter(params.values())).sharding.device_set) == 8
   ids = random_ids()
@@ -96,7 +96,7 @@ def test_each_family_exports_and_transformers_loads_it(hf_folder, tmp_path):
   tok = transformers.AutoTokenizer.from_pretrained(out)
   assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
   # Reading the export back gives the same fields.
-  assert pretrained.open_source(out).fields == source.fields
+  assert init_from.open_source(out).fields == source.fields
 
 
 @pytest.fixture(scope='module')
@@ -167,7 +167,7 @@ def test_bfloat16_files_read_tensor_by_tensor(tmp_path):
   folder = str(tmp_path / 'bf16')
   model = save('llama3', folder, seed=4)
   model.to(torch.bfloat16).save_pretrained(folder)
-  files = pretrained.TensorFiles.of_folder(folder)
+  files = hf_checkpoint.TensorFiles.of_folder(folder)
   key = 'model.layers.1.mlp.down_proj.weight'
   want = model.state_dict()[key].float().numpy()
   np.testing.assert_array_equal(files.get(key), want)

@@ -15,8 +15,8 @@ import repo
 from hf_models import save
 
 from jax_transformer.cli import load_config
-from jax_transformer.interop import importer
 from jax_transformer.train import checkpoint
+from jax_transformer.workdirs import importer
 
 IMPORT = os.path.join(repo.ROOT, 'scripts', 'import_params.py')
 CONFIG = 'finetune:llama_instruct'

@@ -1,4 +1,4 @@
-"""config.init_from (train/pretrained.py) and import_params.py --from a
+"""config.init_from (train/init_from.py) and import_params.py --from a
 Hugging Face folder: the model fields come from the checkpoint, a
 conflicting command-line override is refused, and a run starts from the
 checkpoint's parameters and tokenizer."""
@@ -13,8 +13,9 @@ import repo
 from hf_models import VOCAB, random_ids, save, torch_logits
 
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import exporter as export_lib
-from jax_transformer.train import pretrained, restore, trainer
+from jax_transformer.train import init_from, trainer
+from jax_transformer.workdirs import exporter as export_lib
+from jax_transformer.workdirs import restore
 
 LM = os.path.join(repo.ROOT, 'configs/lm_shakespeare.py:tiny')
 GPT2 = os.path.join(repo.ROOT, 'configs/gpt2_small.py:shakespeare')
@@ -44,7 +45,7 @@ def test_model_fields_come_from_the_checkpoint(llama_dir):
   folder, _ = llama_dir
   cfg = IMPORT.load_config(GPT2, [f'--config.init_from={folder}',
                                   '--config.model.dropout_rate=0.0'])
-  cfg = pretrained.resolve_config(cfg, explicit={'init_from',
+  cfg = init_from.resolve_config(cfg, explicit={'init_from',
                                                  'model.dropout_rate'})
   m = cfg.model
   assert (m.d_model, m.num_heads, m.num_kv_heads, m.num_decoder_layers,
@@ -60,16 +61,16 @@ def test_a_conflicting_override_is_refused_in_one_sentence(llama_dir):
   cfg = IMPORT.load_config(LM, [f'--config.init_from={folder}',
                                 '--config.model.d_model=64'])
   with pytest.raises(UsageError) as e:
-    pretrained.resolve_config(cfg, explicit={'model.d_model'})
+    init_from.resolve_config(cfg, explicit={'model.d_model'})
   message = str(e.value)
   assert 'd_model=32' in message and '--config.model.d_model' in message
   assert '\n' not in message
   # The same value given explicitly is no conflict.
   cfg = IMPORT.load_config(LM, [f'--config.init_from={folder}',
                                 '--config.model.d_model=32'])
-  pretrained.resolve_config(cfg, explicit={'model.d_model'})
+  init_from.resolve_config(cfg, explicit={'model.d_model'})
   with pytest.raises(UsageError, match='neither a Hugging Face model'):
-    pretrained.resolve_config(IMPORT.load_config(
+    init_from.resolve_config(IMPORT.load_config(
         LM, ['--config.init_from=/nonexistent/folder']), explicit=set())
 
 

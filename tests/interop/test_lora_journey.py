@@ -19,9 +19,10 @@ from hf_models import random_ids, save, torch_logits
 from safetensors.numpy import load_file
 from script_helpers import load_script
 
-from jax_transformer.interop import exporter as export_lib
 from jax_transformer.model import lora
-from jax_transformer.train import restore, trainer
+from jax_transformer.train import trainer
+from jax_transformer.workdirs import exporter as export_lib
+from jax_transformer.workdirs import restore
 
 LM = os.path.join(repo.ROOT, 'configs/lm_shakespeare.py:tiny')
 IMPORT, EXPORT, GENERATE = (load_script(n) for n in

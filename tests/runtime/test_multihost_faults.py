@@ -110,7 +110,7 @@ def test_killed_process_stops_the_trainer_survivor_with_exit_69(tmp_path,
   assert step >= 2 and step % 2 == 0
   # The checkpoint it names is whole: its parameters restore.
   from jax_transformer.model.params import split
-  from jax_transformer.train.restore import load_for_inference
+  from jax_transformer.workdirs.restore import load_for_inference
   model, _ = load_for_inference(str(work), step)
   for name, value in split(model)[1].items():
     assert np.isfinite(value).all(), name

@@ -125,7 +125,7 @@ def test_every_documented_command_runs(root):
 
 def final_params(workdir):
   from jax_transformer.model.params import split
-  from jax_transformer.train.restore import load_for_inference
+  from jax_transformer.workdirs.restore import load_for_inference
   model, _ = load_for_inference(str(workdir))
   return split(model)[1]
 

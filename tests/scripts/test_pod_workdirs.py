@@ -19,9 +19,8 @@ import pytest
 import repo
 import script_helpers
 
-from jax_transformer.interop import exporter
 from jax_transformer.model import params as params_lib
-from jax_transformer.train import restore
+from jax_transformer.workdirs import exporter, restore
 
 FIXTURE = os.path.join(repo.FIXTURES, 'workdir_v1_flat')
 PROMPT = 'ROMEO:'

@@ -28,7 +28,8 @@ from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.model.models import DecoderLM
 from jax_transformer.runtime import workdir as workdir_lib
-from jax_transformer.train import checkpoint, model_setup, restore
+from jax_transformer.train import checkpoint, model_setup
+from jax_transformer.workdirs import restore
 
 # Reading a corrupt checkpoint, Orbax leaves its other reads unawaited; their
 # errors (the same failure the tests check) surface later as unraisable.

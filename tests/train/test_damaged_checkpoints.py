@@ -17,7 +17,8 @@ from checkpoint_damage import DAMAGES, truncate
 
 from jax_transformer.cli import load_config
 from jax_transformer.model.params import split
-from jax_transformer.train import restore, trainer
+from jax_transformer.train import trainer
+from jax_transformer.workdirs import restore
 
 pytestmark = pytest.mark.slow
 

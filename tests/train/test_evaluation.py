@@ -19,7 +19,8 @@ from jax_transformer import data, decoding
 from jax_transformer.cli import load_config
 from jax_transformer.data import testing as data_testing
 from jax_transformer.model import sharding
-from jax_transformer.train import evaluation, restore, trainer
+from jax_transformer.train import evaluation, trainer
+from jax_transformer.workdirs import restore
 
 PLAYS = ('macbeth',)
 
@@ -84,7 +85,7 @@ def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
     # Half the outputs are the references, so the score is far from 0.
     hyps = translate(model, tokenizer, sources, **kwargs)
     _, refs = evaluation.split_texts(restore.open_workdir(
-        ende_workdir).config, 'validation', len(sources))
+        ende_workdir).config.data, 'validation', len(sources))
     return [r if i % 2 else h for i, (h, r) in enumerate(zip(hyps, refs))]
 
   monkeypatch.setattr(evaluation, 'translate', half_right)
@@ -119,7 +120,7 @@ def test_batched_translation_equals_one_by_one(ende_workdir):
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:2])
   model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
-  sources, _ = evaluation.split_texts(wd.config, 'validation', 10)
+  sources, _ = evaluation.split_texts(wd.config.data, 'validation', 10)
   batched = evaluation.translate(model, wd.tokenizer, sources, batch_size=4,
                                  mesh=mesh)
   for text, got in zip(sources, batched):

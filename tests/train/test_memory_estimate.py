@@ -55,7 +55,7 @@ def test_builtin_memory_by_device_kind(kind, gb):
 @pytest.mark.parametrize('kind', ['cpu', 'NVIDIA GeForce RTX 4090'])
 def test_unknown_device_kinds_have_no_builtin_memory(kind):
   assert memory.builtin_memory(kind) is None
-  budget = memory.Budget.of(lm_cfg(), kind)
+  budget = memory.Budget.of(lm_cfg().device_memory_gb, kind)
   assert budget.bytes is None
   budget.check(10**15, 'Anything')  # unknown memory: report, never refuse
 
@@ -63,11 +63,11 @@ def test_unknown_device_kinds_have_no_builtin_memory(kind):
 def test_config_field_overrides_the_builtin_memory():
   cfg = lm_cfg()
   kind = 'NVIDIA H100 80GB HBM3'
-  builtin = memory.Budget.of(cfg, kind)
+  builtin = memory.Budget.of(cfg.device_memory_gb, kind)
   assert builtin.bytes == 80 * 10**9
   assert builtin.source == f'each {kind} has 80.0 GB'
   cfg.device_memory_gb = 12.5
-  budget = memory.Budget.of(cfg, kind)
+  budget = memory.Budget.of(cfg.device_memory_gb, kind)
   assert budget.bytes == 12_500_000_000
   assert budget.source == 'config.device_memory_gb is 12.5'
 
@@ -77,6 +77,12 @@ def shard_bytes(tree) -> int:
   device = jax.devices()[0]
   return sum(s.data.nbytes for leaf in jax.tree.leaves(tree)
              for s in leaf.addressable_shards if s.device == device)
+
+
+def estimate(cfg, setup, abstract, shardings, mesh) -> memory.Footprint:
+  exp = Experiment.of(cfg)
+  return memory.estimate(exp.step_shape, exp.loss_chunk_size,
+                         setup.model_config, abstract, shardings, mesh)
 
 
 @pytest.mark.parametrize('mesh, count', [
@@ -92,8 +98,7 @@ def test_state_bytes_equal_the_real_arrays(mesh, count):
   assert params == shard_bytes(state['params'])
   assert rest == shard_bytes({k: v for k, v in state.items()
                               if k != 'params'})
-  footprint = memory.estimate(cfg, setup.model_config, abstract, shardings,
-                              mesh)
+  footprint = estimate(cfg, setup, abstract, shardings, mesh)
   assert footprint.parameters == footprint.gradients == params
   assert footprint.optimizer_state == rest
 
@@ -139,7 +144,7 @@ def compiled_step(cfg, batch_shapes):
       abstract, shardings)
   batch = {k: jax.ShapeDtypeStruct(v, np.int32, sharding=batch_sharding)
            for k, v in batch_shapes.items()}
-  return (memory.estimate(cfg, setup.model_config, abstract, shardings, mesh),
+  return (estimate(cfg, setup, abstract, shardings, mesh),
           step.lower(state, batch).compile())
 
 

@@ -6,7 +6,7 @@ import types
 import jax
 
 from jax_transformer.experiment import Experiment
-from jax_transformer.train import restore
+from jax_transformer.workdirs import restore
 
 
 def workdir(mesh, shapes):

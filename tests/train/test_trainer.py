@@ -170,7 +170,7 @@ def test_steps_run_alone_or_two_in_flight_to_the_same_bits(
   """trainer.SLOW_STEP_S only changes when the host waits, never a
   result: every step alone (0 s) equals the usual two in flight."""
   from jax_transformer.model.params import split
-  from jax_transformer.train import restore
+  from jax_transformer.workdirs import restore
 
   def final_params(name, slow_step_s):
     monkeypatch.setattr(trainer, 'SLOW_STEP_S', slow_step_s)

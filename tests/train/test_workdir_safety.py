@@ -21,6 +21,7 @@ from jax_transformer.data.tokenizers import (
   make_tokenizer,
 )
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model.params import split
 from jax_transformer.runtime import faults, storage
 from jax_transformer.train import (
@@ -29,9 +30,9 @@ from jax_transformer.train import (
   evaluation,
   metrics,
   perf,
-  restore,
   trainer,
 )
+from jax_transformer.workdirs import restore
 
 
 def _tiny(tmp_path, **fields):
@@ -355,7 +356,9 @@ def test_loss_metrics_stops_between_batches_when_asked(tmp_path):
   step = lambda params, batch: {'nll': jnp.float32(1.0),  # noqa: E731
                                 'tokens': jnp.float32(1.0)}
   with pytest.raises(evaluation.Interrupted):
-    evaluation.loss_metrics(step, {}, cfg, prepared.tokenizer, mesh,
+    evaluation.loss_metrics(step, {}, Experiment.of(cfg).data,
+                            prepared.tokenizer, mesh,
+                            (cfg.eval_batch_size, cfg.seq_len),
                             max_batches=4, stop=stop)
   assert asked == [1, 2]
 

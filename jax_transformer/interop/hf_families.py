@@ -16,7 +16,7 @@ it holds and how to convert both ways.
   qwen2    Qwen2ForCausalLM: Llama's layout with biases on q, k and v only.
 
 It lives with the model (numpy and the config only) so that the trainer's
-``init_from`` (``train/pretrained.py``) and ``interop`` both read it; the
+``init_from`` (``train/init_from.py``) and ``interop`` both read it; the
 PyTorch reference encoder-decoder's layout stays in
 ``interop/torch_compat.py``.
 """

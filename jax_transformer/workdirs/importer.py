@@ -5,7 +5,7 @@ accept.
 ``import_into(path, cfg, workdir)`` reads one of:
 
   * a Hugging Face folder of a decoder family (GPT-2, Llama, Mistral,
-    Qwen2; ``model/hf_families.py``), or a model id in the Hugging Face
+    Qwen2; ``interop/hf_families.py``), or a model id in the Hugging Face
     cache: ``config.json`` + ``model.safetensors`` (or its shards with their
     index) and ``tokenizer.json``. Every model field comes from its
     config.json whatever the config names (:func:`import_hf`); the tensors
@@ -47,8 +47,21 @@ from jax_transformer import data
 from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment import Experiment
-from jax_transformer.interop import hf_tokenizer, torch_compat
-from jax_transformer.interop.exporter import (
+from jax_transformer.interop import hf_checkpoint, hf_tokenizer, torch_compat
+from jax_transformer.model import params as params_lib
+from jax_transformer.model import sharding
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.storage import names
+from jax_transformer.runtime.workdir import WorkdirPaths, resolve
+from jax_transformer.train import (
+  checkpoint,
+  init_from,
+  model_setup,
+  run_plan,
+  trainer,
+)
+from jax_transformer.workdirs.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
   HF_WEIGHTS,
@@ -59,19 +72,6 @@ from jax_transformer.interop.exporter import (
   build,
   read_safetensors,
   sidecar,
-)
-from jax_transformer.model import params as params_lib
-from jax_transformer.model import sharding
-from jax_transformer.model.config import ModelConfig
-from jax_transformer.runtime import storage
-from jax_transformer.runtime.storage import names
-from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import (
-  checkpoint,
-  model_setup,
-  pretrained,
-  run_plan,
-  trainer,
 )
 
 # Fields a fine-tuning run may change without changing the function.
@@ -169,7 +169,7 @@ def _read_hf_dir(path: str) -> Source:
   if hf.get('model_type') != 'gpt2':
     raise UsageError(f'{path} holds a {hf.get("model_type")!r} model; '
                      'import it with import_into (Hugging Face families: '
-                     'pretrained.hf_source).')
+                     'hf_checkpoint.hf_source).')
   if not os.path.exists(os.path.join(path, 'tokenizer.json')):
     raise UsageError(f'{path} has no tokenizer.json; save its tokenizer '
                      'there with tokenizer.save_pretrained(...) first.')
@@ -331,10 +331,10 @@ def import_into(path: str, cfg: Experiment,
   """
   cfg = Experiment.of(cfg)
   target = new_workdir(workdir)
-  folder = pretrained.hf_folder(path)
+  folder = hf_checkpoint.hf_folder(path)
   if folder is not None and any(
       os.path.exists(os.path.join(folder, name))
-      for name in (HF_WEIGHTS, pretrained.HF_INDEX)):
+      for name in (HF_WEIGHTS, hf_checkpoint.HF_INDEX)):
     return import_hf(folder, path, cfg, target, explicit)
   source = read_source(path)
   tokenizer = source.tokenizer or config_tokenizer(cfg, path)
@@ -383,10 +383,10 @@ def import_hf(folder: str, path: str, cfg: Experiment,
               explicit: set[str] = frozenset()) -> Imported:
   """A Hugging Face model into ``workdir``: every model field from its
   config.json (the config gives data and optimizer), its tokenizer, its
-  tensors streamed onto this host's devices (``pretrained.place_tensors``)
+  tensors streamed onto this host's devices (``hf_checkpoint.place_tensors``)
   and saved as a step-0 checkpoint with a fresh optimizer state."""
-  source = pretrained.hf_source(folder, path)
-  cfg = pretrained.apply_fields(cfg, path, source.model_kind, source.fields,
+  source = hf_checkpoint.hf_source(folder, path)
+  cfg = init_from.apply_fields(cfg, path, source.model_kind, source.fields,
                                 set(explicit)).replace(init_from=path)
   tokenizer = source.tokenizer()
   try:
@@ -395,7 +395,7 @@ def import_hf(folder: str, path: str, cfg: Experiment,
     raise UsageError(str(e)) from None
   data_state = data.initial_state(cfg)
   plan = run_plan.build(cfg, local_mesh(setup), tokenizer.vocab_size, setup)
-  state = pretrained.Start(source, tokenizer).state(setup, cfg.seed,
+  state = init_from.Start(source, tokenizer).state(setup, cfg.seed,
                                                     plan.shardings)
   with staged(resolve(workdir)) as partial:
     save(partial, cfg, tokenizer, state, data_state)

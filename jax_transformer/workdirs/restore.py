@@ -26,7 +26,7 @@ from jax_transformer.runtime.workdir import (
   WorkdirPaths,
   resolve,
 )
-from jax_transformer.train import checkpoint, model_setup, pretrained
+from jax_transformer.train import checkpoint, init_from, model_setup
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -173,7 +173,7 @@ def restore_params(workdir: Workdir, steps: Sequence[int], mesh
   abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])
               for k, v in workdir.setup.abstract_params.items()}
   checkpointer = checkpoint.Checkpointer(workdir.paths, async_save=False,
-                                         read_base=pretrained.frozen_base)
+                                         read_base=init_from.frozen_base)
   try:
     if len(steps) == 1:
       return _restore(checkpointer, workdir, abstract, steps[0])

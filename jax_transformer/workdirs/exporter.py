@@ -12,7 +12,7 @@ Formats (``write(trained, fmt, out)``):
   hf           ``OUT/``: a Hugging Face folder that
                ``AutoModelForCausalLM.from_pretrained(OUT)`` loads, as GPT-2
                (learned positions), Qwen2 (q/k/v biases alone) or Llama
-               (``hf_export``, ``model/hf_families.py``): ``config.json``,
+               (``hf_export``, ``interop/hf_families.py``): ``config.json``,
                ``model.safetensors`` or shards above 5 GB with their index,
                written tensor by tensor, plus ``tokenizer.json`` +
                ``tokenizer_config.json`` when the tokenizer has a
@@ -53,8 +53,8 @@ from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
 from jax_transformer.runtime import storage
-from jax_transformer.train import restore
-from jax_transformer.train.restore import Trained
+from jax_transformer.workdirs import restore
+from jax_transformer.workdirs.restore import Trained
 
 FORMATS = ('torch', 'hf', 'safetensors')
 TORCH_FORMAT = 'jax_transformer.torch'

@@ -1,24 +1,14 @@
-"""Starting a run from a pretrained model: ``config.init_from``.
+"""A Hugging Face model folder as a source of weights.
 
-``config.init_from`` names a Hugging Face model folder (``config.json``,
-``model.safetensors`` or its shards with ``model.safetensors.index.json``,
-``tokenizer.json``), a model id in the Hugging Face cache
-(``meta-llama/Llama-3.2-1B``, read offline), or another training workdir.
-Then:
+``hf_folder`` finds the folder (a path, or a model id in the Hugging Face
+cache, read offline); ``hf_source`` reads its ``config.json`` into the
+project's model fields (``hf_families``' tables: GPT-2, Llama 2/3,
+Mistral, Qwen2) and its ``tokenizer.json``; ``place_tensors`` streams its
+safetensors onto a run's shardings tensor by tensor: each device's block
+of each parameter is read from the files (memory-mapped) when it is
+placed, so no host or device ever holds the whole model at once.
 
-* :func:`resolve_config` sets every architecture field of ``config.model``
-  (and ``model_kind``) from the checkpoint, before any check or setup; the
-  runtime fields (dtype, dropout, scanned layers, remat) stay the config's.
-  A field also given on the command line with another value is refused in
-  one sentence;
-* :func:`start` (the trainer's ``_start``, when the workdir has no
-  checkpoint yet) gives the checkpoint's tokenizer and its parameters,
-  placed straight onto the run's shardings tensor by tensor: each device's
-  block of each parameter is read from the files (memory-mapped) when it is
-  placed, so no host or device ever holds the whole model at once.
-
-The Hugging Face layouts are ``model/hf_families.py``'s tables (GPT-2,
-Llama 2/3, Mistral, Qwen2).
+A run starting from such a folder is ``train/init_from.py``'s.
 """
 
 from __future__ import annotations
@@ -33,20 +23,15 @@ from typing import Any, Callable, Mapping
 import jax
 import ml_dtypes
 import numpy as np
-from absl import flags
-from jax.sharding import NamedSharding
-from ml_collections import config_flags
 from tokenizers import Tokenizer
 
-from jax_transformer.data.tokenizers import HuggingFaceTokenizer, load_tokenizer
-from jax_transformer.errors import UsageError, first_line
-from jax_transformer.experiment import Experiment, run
-from jax_transformer.model import hf_families, lora, sharding
+from jax_transformer.data.tokenizers import HuggingFaceTokenizer
+from jax_transformer.errors import UsageError
+from jax_transformer.experiment import run
+from jax_transformer.interop import hf_families
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
-from jax_transformer.runtime.workdir import WorkdirPaths, resolve
-from jax_transformer.train import checkpoint, model_setup
 
 HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
 HF_INDEX = HF_WEIGHTS + '.index.json'
@@ -129,7 +114,7 @@ class TensorFiles:
 
 
 # ----------------------------------------------------------------------------
-# Sources.
+# A source of weights.
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -220,43 +205,6 @@ def hf_source(folder: str, path: str | None = None) -> Source:
                 lambda: hf_tokenizer(folder, hf), place)
 
 
-def workdir_source(path: str) -> Source:
-  """Another training workdir's latest checkpoint as a Source (a LoRA
-  run's merged into its base)."""
-  paths = resolve(path)
-  cfg = checkpoint.load_config(paths)
-  if cfg is None:
-    raise UsageError(f'config.init_from={path} has no config.json: not a '
-                     'training workdir.')
-  tokenizer = load_tokenizer(paths.tokenizer)
-  setup = model_setup.build(cfg, tokenizer.vocab_size)
-
-  def place(model_config, shardings):
-    del model_config  # the workdir's own
-    mesh = next(iter(shardings.values())).mesh
-    specs = sharding.param_specs(setup.model_def.logical_axes)
-    abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
-                                        sharding=NamedSharding(mesh, specs[k]))
-                for k, v in setup.abstract_params.items()}
-    reader = checkpoint.Checkpointer(paths, async_save=False,
-                                     read_base=frozen_base)
-    try:
-      params = reader.restore_params(abstract)
-    finally:
-      reader.close()
-    model_def = setup.model_def
-    if isinstance(model_def, lora.LoraModelDef):  # a LoRA run: merged
-      params = jax.jit(lambda p: lora.merged(p, model_def.targets,
-                                             model_def.scale))(params)
-    params = params_lib.to_layout(params,
-                                  params_lib.is_scanned(shardings))
-    return {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
-
-  return Source(path, 'workdir', cfg.model_kind,
-                complete_fields(dataclasses.asdict(setup.model_config)),
-                lambda: tokenizer, place)
-
-
 def hugging_face_files(folder: str) -> list[str]:
   """The files of a Hugging Face model folder that ``folder`` holds
   (weights, tokenizer), which a training workdir never does."""
@@ -266,28 +214,6 @@ def hugging_face_files(folder: str) -> list[str]:
                    'tokenizer.json', 'tokenizer_config.json',
                    'generation_config.json')
           or (n.endswith('.safetensors') and n.startswith('model-'))][:4]
-
-
-def open_source(path: str) -> Source:
-  """The Source ``path`` names, or UsageError in one sentence."""
-  folder = hf_folder(path)
-  if folder is not None:
-    return hf_source(folder, path)
-  if os.path.isdir(path):
-    hf_files = hugging_face_files(path)
-    if hf_files:
-      said = ('its config.json names no model_type'
-              if os.path.exists(os.path.join(path, HF_CONFIG))
-              else f'it has no {HF_CONFIG}')
-      raise UsageError(
-          f'config.init_from={path} holds a Hugging Face model '
-          f'({", ".join(hf_files)}) but {said}: save the model there with '
-          "model.save_pretrained(...), which writes it, or copy the "
-          f"model's {HF_CONFIG} beside its weights.")
-    return workdir_source(path)
-  raise UsageError(f'config.init_from={path} is neither a Hugging Face model '
-                   'folder (config.json with a model_type), a model id in the '
-                   'Hugging Face cache, nor a training workdir.')
 
 
 # ----------------------------------------------------------------------------
@@ -347,132 +273,3 @@ def place_tensors(files: TensorFiles, family: hf_families.Family,
                                                 block)
   converted.cache_clear()
   return params
-
-
-# ----------------------------------------------------------------------------
-# The trainer's two calls.
-
-
-def command_line_overrides(cfg: Any) -> set[str]:
-  """The config fields given on train.py's command line
-  (``model.d_model``, ...), when ``cfg`` is the ConfigDict it parsed."""
-  try:
-    flag = flags.FLAGS['config']
-    if flag.value is not cfg:
-      return set()
-    return set(config_flags.get_override_values(flag))
-  except Exception:  # pylint: disable=broad-except
-    return set()
-
-
-def source_fields(path: str, workdir: WorkdirPaths | None = None
-                  ) -> tuple[str, dict[str, Any]]:
-  """(model_kind, architecture fields) of the model at ``path``; when it is
-  gone but ``workdir`` already started from it, those that run saved."""
-  if (not os.path.exists(path) and workdir is not None
-      and workdir.config.exists() and hf_folder(path) is None):
-    saved = json.loads(workdir.config.read_text())
-    return saved['model_kind'], complete_fields(saved['model'])
-  source = open_source(path)
-  return source.model_kind, source.fields
-
-
-def resolve_config(cfg: Experiment,
-                   workdir: str | WorkdirPaths | None = None,
-                   explicit: set[str] = frozenset()) -> Experiment:
-  """cfg with, where ``config.init_from`` is set, ``config.model_kind``
-  and every architecture field of ``config.model`` the checkpoint's.
-
-  explicit: the fields given on the command line (train.py's:
-  :func:`command_line_overrides`); one of them with another value than the
-  checkpoint's is refused in one sentence.
-  """
-  cfg = Experiment.of(cfg)
-  path = cfg.init_from
-  if not path:
-    return cfg
-  paths = None if workdir is None else resolve(workdir)
-  kind, fields = source_fields(os.fspath(path), paths)
-  return apply_fields(cfg, path, kind, fields, explicit)
-
-
-def apply_fields(cfg: Experiment, path: str, kind: str,
-                 fields: Mapping[str, Any], explicit: set[str]
-                 ) -> Experiment:
-  """cfg with model_kind and config.model's architecture fields a
-  source's, refusing one given explicitly with another value."""
-  cfg = Experiment.of(cfg)
-  current = dataclasses.asdict(cfg.model)
-  wrong = [f'model.{k}' for k, v in fields.items()
-           if f'model.{k}' in explicit and current.get(k) != v]
-  if 'model_kind' in explicit and cfg.model_kind != kind:
-    wrong.insert(0, 'model_kind')
-  if wrong:
-    theirs = ', '.join(
-        f'{k}={kind!r}' if k == 'model_kind' else
-        f'{k.split(".", 1)[1]}={fields[k.split(".", 1)[1]]!r}' for k in wrong)
-    raise UsageError(f'config.init_from={path} holds a model with {theirs}; '
-                     f'drop --config.{" --config.".join(wrong)} (the model '
-                     'comes from the checkpoint) or leave init_from unset.')
-  return cfg.replace(model_kind=kind, model=cfg.model.replace(
-      **{k: v for k, v in fields.items() if k in current}))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Start:
-  """What a run starting from a pretrained model takes from it."""
-  source: Source
-  tokenizer: Any
-
-  def state(self, setup, seed: int, shardings) -> dict[str, Any]:
-    """The run's first train state: the checkpoint's parameters placed on
-    ``shardings['params']``, a fresh optimizer state, step 0."""
-    params = self.source.place(setup.model_config, shardings['params'])
-    adapters = {k: v for k, v in shardings['params'].items()
-                if lora.is_adapter(k)}
-    if adapters:  # config.lora: fresh adapters on the frozen base
-      key = jax.random.fold_in(jax.random.key(seed), 1)
-      params.update(jax.jit(lambda: setup.init_adapters(key),
-                            out_shardings=adapters)())
-    return jax.jit(lambda p: setup.state_for(p, seed),
-                   out_shardings=shardings, donate_argnums=0)(params)
-
-
-def frozen_base(cfg: Experiment,
-                abstract: Mapping[str, jax.ShapeDtypeStruct]
-                ) -> dict[str, jax.Array]:
-  """The frozen base of a LoRA run whose config is ``cfg`` (a workdir's
-  config.json), read again from its config.init_from and placed on the
-  shardings of ``abstract`` (the base parameters): what a restore adds to
-  the adapters a checkpoint holds."""
-  path = cfg.init_from
-  if not path:
-    raise UsageError('This run\'s checkpoints hold LoRA adapters alone but '
-                     'its config.json has no init_from to read the base '
-                     'model from.')
-  try:
-    source = open_source(os.fspath(path))
-  except UsageError as e:
-    raise UsageError(f'A LoRA run reads its frozen base from config.init_from'
-                     f'={path} (as in its config.json, relative to the '
-                     f'current directory) at every start: {e}') from None
-  model_config = cfg.model_config(cfg.model.vocab_size or 1)
-  params = source.place(model_config,
-                        {k: v.sharding for k, v in abstract.items()})
-  return {k: params[k] for k in abstract}
-
-
-def start(cfg: Experiment, has_checkpoint: bool
-          ) -> Start | None:
-  """The pretrained model a new run starts from (None: no init_from, or the
-  workdir already has a checkpoint, which then wins)."""
-  path = cfg.init_from
-  if not path or has_checkpoint:
-    return None
-  source = open_source(os.fspath(path))
-  try:
-    tokenizer = source.tokenizer()
-  except (OSError, ValueError) as e:
-    raise UsageError(f'config.init_from={path}: its tokenizer cannot be '
-                     f'read ({first_line(e)}).') from None
-  return Start(source, tokenizer)
