@@ -7,16 +7,38 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 from typing import Mapping
 
 import jax
 from etils import epath
-from tensorboardX import SummaryWriter, record_writer
 
 from jax_transformer.experiment import StepShape
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import optim, perf
+
+
+def _import_tensorboardx():
+  """tensorboardX, imported without PyTorch. Where torch is installed,
+  tensorboardX imports it (about 2 s of every start) only to accept torch
+  tensors, which this package never gives it; a None in sys.modules makes
+  that import fail as if torch were absent, and is taken out again so that
+  a later ``import torch`` works."""
+  if 'torch' in sys.modules:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX
+  sys.modules['torch'] = None
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules['torch']
+  return tensorboardX
+
+
+_tensorboardx = _import_tensorboardx()
+SummaryWriter, record_writer = (_tensorboardx.SummaryWriter,
+                                _tensorboardx.record_writer)
 
 
 class MetricWriter:
