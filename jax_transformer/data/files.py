@@ -28,9 +28,10 @@ where the fingerprint hashes the task, the keys, every file's path, size and
 modification time and the held-out fraction, so a changed corpus is
 prepared again and never read stale. The dataset is then read like any
 TFDS dataset by name (``your_files/<fingerprint>``), and tokenized into a
-token store as the built-ins are. Without ``eval_files``, the last
-``data.eval_fraction`` of the training documents (at least one) is the
-``validation`` split.
+token store as the built-ins are. Without ``eval_files``, the training
+documents whose hash is below ``data.eval_fraction`` (at least one) are the
+``validation`` split (``held_out_indices``): a document's side depends on
+its text alone, so files added later never move one into training.
 
 Reading streams: one record at a time, from one file at a time, so the
 memory used does not grow with the corpus (TFDS's writer buffers at most
@@ -49,7 +50,7 @@ import io
 import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -149,6 +150,8 @@ def fingerprint(task: str, keys: Sequence[str], train: Sequence[str],
   digest = hashlib.sha256()
   digest.update(json.dumps([task, list(keys), eval_fraction if not evaluation
                             else None]).encode())
+  if not evaluation:  # held out by document hash since (held_out_indices)
+    digest.update(b'held out by document hash')
   if is_instruction(keys):  # chats kept as messages since (data/chat.py)
     digest.update(b'chat messages')
   for part, paths in (('train', train), ('eval', evaluation)):
@@ -317,6 +320,41 @@ def documents(paths: Sequence[str], keys: Sequence[str]
         yield record
 
 
+def document_hash(record: Mapping[str, str], keys: Sequence[str]) -> float:
+  """A document's place in [0, 1), from its text alone (sha256): the same
+  document gets the same place whatever file holds it and whatever other
+  files the corpus has."""
+  text = json.dumps([record[k] for k in keys], ensure_ascii=False)
+  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8],
+                        'big') / 2**64
+
+
+def held_out_indices(docs: Iterable[Mapping[str, str]], keys: Sequence[str],
+                     fraction: float) -> tuple[set[int], int]:
+  """(indices of the documents held out for validation, how many there
+  are): those whose ``document_hash`` is below ``fraction``, so adding
+  files never moves a document that was held out into training. Where
+  none is (a small corpus), the one of lowest hash; where all are, all but
+  the one of highest hash, so both splits hold at least one document."""
+  held: set[int] = set()
+  lowest = highest = (None, -1)
+  count = 0
+  for i, record in enumerate(docs):
+    count += 1
+    h = document_hash(record, keys)
+    if h < fraction:
+      held.add(i)
+    if lowest[0] is None or h < lowest[0]:
+      lowest = (h, i)
+    if highest[0] is None or h > highest[0]:
+      highest = (h, i)
+  if count and not held:
+    held = {lowest[1]}
+  if count > 1 and len(held) == count:
+    held.discard(highest[1])
+  return held, count
+
+
 # ----------------------------------------------------------------------------
 # The TFDS builder.
 
@@ -352,11 +390,12 @@ with tfds.core.registered.skip_registration():
     def _split_generators(self, dl_manager):
       del dl_manager
       if self._evaluation:
-        return {'train': self._generate_examples(self._train, 0, None,
-                                        'train_files'),
-                'validation': self._generate_examples(self._evaluation, 0, None,
-                                             'eval_files')}
-      count = sum(1 for _ in documents(self._train, self._keys))
+        return {'train': self._generate_examples(self._train, None,
+                                                 'train_files'),
+                'validation': self._generate_examples(self._evaluation, None,
+                                                      'eval_files')}
+      held, count = held_out_indices(documents(self._train, self._keys),
+                                     self._keys, self._eval_fraction)
       if not count:
         raise UsageError('config.data.train_files holds no document with '
                          'text: the corpus is empty.')
@@ -365,22 +404,18 @@ with tfds.core.registered.skip_registration():
             f'config.data.train_files holds {count} document'
             f'{"" if count == 1 else "s"}: too few to hold some out for '
             'evaluation; give config.data.eval_files.')
-      held = min(count - 1, max(1, round(count * self._eval_fraction)))
-      print(f'Evaluating on the last {held} of {count} documents of '
-            'config.data.train_files (no config.data.eval_files given).',
-            flush=True)
-      return {'train': self._generate_examples(self._train, 0, count - held,
-                                      'train_files'),
-              'validation': self._generate_examples(self._train, count - held, None,
-                                           'train_files')}
+      print(f'Evaluating on {len(held)} of {count} documents of '
+            'config.data.train_files, chosen by a hash of each document '
+            '(no config.data.eval_files given).', flush=True)
+      return {'train': self._generate_examples(
+                  self._train, lambda i: i not in held, 'train_files'),
+              'validation': self._generate_examples(
+                  self._train, held.__contains__, 'train_files')}
 
-    def _generate_examples(self, paths, start: int, stop: int | None,
-                           field: str):
+    def _generate_examples(self, paths, keep=None, field: str = ''):
       yielded = 0
       for i, record in enumerate(documents(paths, self._keys)):
-        if stop is not None and i >= stop:
-          break
-        if i >= start:
+        if keep is None or keep(i):
           yielded += 1
           yield i, record
       if not yielded:  # TFDS would refuse it later, less clearly

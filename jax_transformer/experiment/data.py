@@ -41,7 +41,8 @@ class DataConfig:
       'stream' or 'examples' (``datasets.DatasetSpec.lm_mode``).
     train_files / eval_files: globs (local or gs://) of .txt, .jsonl,
       .parquet or .tsv files (.gz/.zst) for name='files'; without
-      eval_files the last eval_fraction of the documents is held out.
+      eval_files the documents whose hash is below eval_fraction are
+      held out (data/files.py, ``held_out_indices``).
     hf_config / hf_path: a Hugging Face dataset's config, or a
       ``save_to_disk`` folder (data/hf_datasets.py).
     tokenizer_path: an existing tokenizer instead of one trained on the

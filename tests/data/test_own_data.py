@@ -4,6 +4,7 @@ config, and bad input refused in one sentence (docs/data.md, "Your own
 data")."""
 
 import gzip
+import hashlib
 import json
 import os
 
@@ -55,19 +56,24 @@ def texts_of(prepared, split):
                 for i in range(len(source)))
 
 
-def test_jsonl_with_its_own_key_holds_out_the_last_documents(tmp_path,
-                                                             capsys):
+def test_jsonl_with_its_own_key_holds_out_documents_by_hash(tmp_path,
+                                                           capsys):
   write_jsonl(str(tmp_path / 'c' / 'a.jsonl'),
               [{'body': d, 'id': i} for i, d in enumerate(DOCS[:20])])
   write_jsonl(str(tmp_path / 'c' / 'b.jsonl'),
               [{'body': d} for d in DOCS[20:]])
   cfg = lm_cfg(tmp_path, train_files=str(tmp_path / 'c' / '*.jsonl'),
-               text_key='body', eval_fraction=0.1)
+               text_key='body', eval_fraction=0.3)
   prepared = data.prepare_for(cfg, seq_len=16)
-  assert 'Evaluating on the last 4 of 40 documents' in capsys.readouterr().out
-  assert prepared.num_examples == {'train': 36, 'validation': 4}
-  assert texts_of(prepared, 'validation') == sorted(DOCS[36:])
-  assert texts_of(prepared, 'train') == sorted(DOCS[:36])
+  held = [d for d in DOCS if files.document_hash({'body': d}, ['body']) < 0.3]
+  assert 4 <= len(held) <= 20
+  assert (f'Evaluating on {len(held)} of 40 documents of '
+          'config.data.train_files, chosen by a hash of each document'
+          ) in capsys.readouterr().out
+  assert prepared.num_examples == {'train': 40 - len(held),
+                                   'validation': len(held)}
+  assert texts_of(prepared, 'validation') == sorted(held)
+  assert texts_of(prepared, 'train') == sorted(set(DOCS) - set(held))
   assert set(prepared.stores) == {'train', 'validation'}
   assert prepared.stores['train'].tokens > 0
   got = batches(cfg, prepared, 'train')
@@ -115,9 +121,10 @@ def test_translation_pairs_from_jsonl_or_tsv(tmp_path, kind):
   assert prepared.spec.task == 'translation'
   assert prepared.spec.languages == ('en', 'de')
   source = data.load_source(prepared.spec, 'validation', prepared.data_dir)
-  assert len(source) == 1
+  assert len(source) == 1  # 1% of 10: the pair of lowest hash
   en, de = (data.datasets.as_text(source[0][k]) for k in ('en', 'de'))
-  assert (en, de) == pairs[-1]
+  assert (en, de) == min(pairs, key=lambda p: files.document_hash(
+      dict(zip(('en', 'de'), p)), ('en', 'de')))
   b = batches(cfg, prepared, 'train')[0]
   assert {'src', 'tgt_in', 'tgt_out'} <= set(b)
 
@@ -133,6 +140,34 @@ def test_a_changed_corpus_is_prepared_again(tmp_path):
   assert first.spec.name != second.spec.name
   assert second.num_examples['train'] + second.num_examples[
       'validation'] == 12
+
+
+def test_added_files_keep_the_validation_documents(tmp_path):
+  """Held-out documents are chosen by their hash, not their place: a file
+  added to the corpus (sorting first) leaves every validation document in
+  validation, and only its own documents may join them."""
+  folder = tmp_path / 'c'
+  write_jsonl(str(folder / 'b.jsonl'), [{'text': d} for d in DOCS[:30]])
+  cfg = lm_cfg(tmp_path, train_files=str(folder / '*.jsonl'),
+               eval_fraction=0.2)
+  before = data.prepare_for(cfg)
+  write_jsonl(str(folder / 'a.jsonl'), [{'text': d} for d in DOCS[30:]])
+  after = data.prepare_for(cfg)
+  assert before.spec.name != after.spec.name
+  old, new = (set(texts_of(p, 'validation')) for p in (before, after))
+  assert old and old <= new
+  assert new - old <= set(DOCS[30:])
+  assert not set(texts_of(after, 'train')) & old
+
+
+def test_the_held_out_rule_is_in_the_fingerprint():
+  """A corpus prepared with the old rule (the last documents held out) has
+  another fingerprint, so its folder is never read as the new rule's."""
+  old = hashlib.sha256(json.dumps(['lm', ['text'], 0.01]).encode())
+  old.update(b'train')
+  old.update(b'eval')
+  assert files.fingerprint('lm', ('text',), [], [], 0.01) != (
+      old.hexdigest()[:16])
 
 
 def test_relative_globs_resolve_against_the_working_directory(tmp_path,
@@ -229,7 +264,9 @@ def test_files_from_a_bucket_prepare_to_a_local_data_dir(tmp_path, gcs,
   cfg = lm_cfg(tmp_path, train_files=f'gs://{gcs_bucket}/corpus/*.jsonl')
   prepared = data.prepare_for(cfg)
   assert prepared.spec.files[0] == (f'gs://{gcs_bucket}/corpus/a.jsonl',)
-  assert texts_of(prepared, 'train') == sorted(DOCS[:9])
+  held = min(DOCS[:10], key=lambda d: files.document_hash({'text': d},
+                                                           ('text',)))
+  assert texts_of(prepared, 'train') == sorted(set(DOCS[:10]) - {held})
 
 
 def test_parallel_tokenizing_writes_the_serial_store(tmp_path, monkeypatch):

@@ -65,16 +65,16 @@ def test_every_pair_too_long_is_refused_in_one_sentence(tmp_path):
   cfg = translation_config(tmp_path, tmp_path / 'pairs' / '*.tsv')
   report, _ = preflight_of(cfg)
   assert report.line().startswith(
-      'Data (train): 396 pairs read, 0 kept, 0 cut, 396 dropped (longer '
+      'Data (train): 391 pairs read, 0 kept, 0 cut, 391 dropped (longer '
       'than data.src_len 24 or seq_len 24 with EOS); about 0 loss tokens')
   with pytest.raises(UsageError) as refused:
     report.check()
   message = str(refused.value)
   assert '\n' not in message
-  assert message.startswith('Every one of the 396 pairs in train is longer '
+  assert message.startswith('Every one of the 391 pairs in train is longer '
                             'than its rows, so no batch can be made: en + '
                             'EOS is p50 '), message
-  assert 'max 29 tokens for data.src_len 24 (396 too long)' in message
+  assert 'max 29 tokens for data.src_len 24 (391 too long)' in message
   assert 'fr + EOS is p50' in message and 'tokens for seq_len 24' in message
   assert message.endswith('raise --config.data.src_len to 29 and '
                           '--config.seq_len to 29 to keep every pair.')
@@ -96,10 +96,10 @@ def test_prepare_data_warns_where_the_lengths_exceed_the_runs_rows(
   lengths = out.index(next(line for line in out
                            if line.startswith('train tokens per example: ')))
   assert out[lengths + 1].startswith(
-      "at the run's rows: Data (train): 396 pairs read, 0 kept, 0 cut, 396 "
+      "at the run's rows: Data (train): 391 pairs read, 0 kept, 0 cut, 391 "
       'dropped (longer than data.src_len 24 or seq_len 24 with EOS)')
   assert out[lengths + 2].startswith(
-      'Warning: train.py with these flags would refuse: Every one of the 396 '
+      'Warning: train.py with these flags would refuse: Every one of the 391 '
       'pairs in train is longer than its rows')
 
 
@@ -112,9 +112,9 @@ def test_an_iterator_whose_whole_pass_is_dropped_stops_with_the_refusal(
                            process_count=1)
   try:
     with pytest.raises(UsageError, match=r'^Every one of a whole pass of '
-                       r'the 396 pairs of train is longer than its rows, so '
+                       r'the 391 pairs of train is longer than its rows, so '
                        r'no batch can be made: en \+ EOS is p50 \d+, p95 '
-                       r'\d+, max 29 tokens for data.src_len 24 \(396 too '
+                       r'\d+, max 29 tokens for data.src_len 24 \(391 too '
                        r'long\)'):
       next(it)
   finally:
@@ -155,10 +155,10 @@ def test_the_line_counts_what_training_keeps_and_its_loss_tokens(
   cfg = translation_config(tmp_path, tmp_path / 'pairs' / '*.tsv', pack=pack)
   report, prepared = preflight_of(cfg)
   report.check()
-  assert (report.read, report.kept, report.dropped) == (165, 148, 17)
-  assert ' 165 pairs read, 148 kept, 0 cut, 17 dropped ' in report.line()
+  assert (report.read, report.kept, report.dropped) == (164, 147, 17)
+  assert ' 164 pairs read, 147 kept, 0 cut, 17 dropped ' in report.line()
   warning = report.warning()
-  assert warning.startswith('Warning: 17 of the 165 pairs in train (10%) are '
+  assert warning.startswith('Warning: 17 of the 164 pairs in train (10%) are '
                             'longer than their rows and dropped: en + EOS is '
                             'p50 '), warning
   assert warning.endswith('raise --config.data.src_len to 31 and '
@@ -266,11 +266,11 @@ def test_train_py_refuses_a_run_whose_every_pair_is_dropped(tmp_path):
   # Above it on stderr: TFDS's progress bars as it prepares the pairs.
   assert 'Traceback' not in err and 'Thread 0x' not in err, err
   err = err.strip().splitlines()[-1]
-  assert err.startswith('train.py: error: Every one of the 396 pairs in train '
+  assert err.startswith('train.py: error: Every one of the 391 pairs in train '
                         'is longer than its rows, so no batch can be made: ')
   assert 'for data.src_len 24' in err and 'for seq_len 24' in err
   assert 'raise --config.data.src_len to 29 and --config.seq_len to 29' in err
-  assert ('Data (train): 396 pairs read, 0 kept, 0 cut, 396 dropped (longer '
+  assert ('Data (train): 391 pairs read, 0 kept, 0 cut, 391 dropped (longer '
           'than data.src_len 24 or seq_len 24 with EOS)') in out
   assert seconds < 60  # seconds here, where it hung at step 0 before
   # Nothing a rerun with longer rows would have to match.
