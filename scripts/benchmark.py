@@ -6,6 +6,7 @@ console.
     python scripts/benchmark.py --suite gpu           # on a GPU or TPU
     python scripts/benchmark.py --suite pipeline
     python scripts/benchmark.py --suite stop          # SIGTERM to exit
+    python scripts/benchmark.py --suite restart       # back to the first step
     python scripts/benchmark.py --suite plan          # the planner's model
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
 
@@ -28,6 +29,13 @@ Suites (see ``jax_transformer/bench/``):
   at 40% MFU: a row per model and chip;
 * ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
   shipped config (``--stop_configs``), mid-training;
+* ``restart``: seconds from process start to the first finished step of
+  the default job as two processes: a cold start (empty compilation
+  cache), a warm start (the cache filled) and a restart after SIGKILL of
+  one process (from the local checkpoint tier), each split into start-up,
+  restore, data iterator and compile (cache hit or miss), and the ratios
+  restart / warm start (goal: <= 1.5) and restart compile / cold compile
+  (goal: < 0.1);
 * ``lora``: a LoRA train step against a full fine-tuning step of the same
   model (``finetune:gpt2_shakespeare``'s shape, rank 8), interleaved
   rounds: the median per-round ratio lora / full (goal: <= 0.75) and each
@@ -52,7 +60,8 @@ import sys
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
-SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora')
+SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
+          'restart')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -81,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  'shipped one)')
   p.add_argument('--plan_config', default=None,
                  help='plan: the config planned on a GPU or TPU')
+  p.add_argument('--plan_sizes', default='tiny,small,gpt2_small',
+                 help='plan, on CPU: comma-separated, of tiny,small,'
+                 'gpt2_small (the models whose layouts are measured)')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
@@ -93,6 +105,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
       p.error(f'--stop_configs: unknown {", ".join(unknown)}; choose from '
               f'{", ".join(known)}.')
+  from jax_transformer.plan.measure import HOST_SIZES  # pylint: disable=g-import-not-at-top
+  unknown = sorted(set(args.plan_sizes.split(',')) - set(HOST_SIZES))
+  if unknown:
+    p.error(f'--plan_sizes: unknown {", ".join(unknown)}; choose from '
+            f'{", ".join(HOST_SIZES)}.')
   if args.rounds < 1 or args.steps < 1:
     p.error('--rounds and --steps must be positive.')
   return args
@@ -120,10 +137,14 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
       os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                  ' --xla_force_host_platform_device_count=8')
     from jax_transformer.bench import plan  # pylint: disable=g-import-not-at-top
-    return plan.run(args.plan_config, rounds=args.rounds)
+    return plan.run(args.plan_config, rounds=args.rounds,
+                    sizes=tuple(args.plan_sizes.split(',')))
   if args.suite == 'lora':
     from jax_transformer.bench import lora  # pylint: disable=g-import-not-at-top
     return lora.run(args.rounds)
+  if args.suite == 'restart':
+    from jax_transformer.bench import restart  # pylint: disable=g-import-not-at-top
+    return list(restart.run())
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -143,7 +164,10 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'compiled_to_signal_s', 'layout', 'predicted_step_s',
               'measured_step_s', 'predicted_mfu', 'measured_over_predicted',
               'spearman', 'top_choice_agrees', 'lora_s', 'full_s',
-              'lora_memory_gb', 'full_memory_gb', 'error')
+              'lora_memory_gb', 'full_memory_gb', 'start', 'first_step',
+              'to_first_step_s', 'startup_s', 'restore_s', 'data_iterator_s',
+              'cache', 'steps_lost', 'restart_over_warm',
+              'restart_compile_over_cold', 'load_average', 'error')
 
 
 def table(rows: list[dict]) -> str:

@@ -5,6 +5,7 @@ host devices or on a GPU or TPU).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -100,21 +101,50 @@ def compare(base: Experiment, layouts: list[cands.Candidate],
   return out
 
 
-def host_check_config() -> Experiment:
-  """The small LM the model is checked on with CPU host devices: 4 layers
-  of width 256, 8 heads, 128-token rows, a 512-token vocabulary."""
+@dataclasses.dataclass(frozen=True)
+class HostSize:
+  """A decoder LM the step model is checked on with CPU host devices (a
+  512-token vocabulary), and the rows of one optimizer update."""
+  layers: int
+  width: int
+  heads: int
+  seq_len: int
+  rows: int
+
+
+# From tiny to gpt2_small's shape (12 layers of width 768, 12 heads), each
+# small enough to measure on 8 host devices of a 2-core machine.
+HOST_SIZES = {'tiny': HostSize(2, 128, 4, 64, 32),
+              'small': HostSize(4, 256, 8, 128, 32),
+              'gpt2_small': HostSize(12, 768, 12, 128, 8)}
+
+
+def host_check_config(size: str = 'small') -> Experiment:
+  """The LM of ``HOST_SIZES[size]`` (d_ff 4 x width) on 8 host devices;
+  'small' is 4 layers of width 256, 8 heads, 128-token rows."""
+  s = HOST_SIZES[size]
   cfg = cli.load_config('lm_shakespeare')
-  cfg.model.update(d_model=256, num_heads=8, num_decoder_layers=4, d_ff=1024)
-  cfg.seq_len = 128
+  cfg.model.update(d_model=s.width, num_heads=s.heads,
+                   num_decoder_layers=s.layers, d_ff=4 * s.width)
+  cfg.seq_len = s.seq_len
   return Experiment.of(cfg)
 
 
-def host_check_layouts(rows: int = 32) -> list[cands.Candidate]:
-  """Eight layouts of host_check_config over 8 devices: each mesh kind,
-  remat full, and gradient accumulation."""
-  def layout(data, fsdp, tensor, remat='none', accum=1):
-    return cands.Candidate(data, fsdp, tensor, remat, 'float32', 0,
-                           rows // accum, accum)
+def host_check_layouts(size: str = 'small') -> list[cands.Candidate]:
+  """Layouts of host_check_config(size) over 8 devices: each mesh kind,
+  remat full and dots, a chunked loss (4 chunks) and gradient
+  accumulation; the largest size takes five of them (its steps take
+  seconds each)."""
+  s = HOST_SIZES[size]
+  chunk = s.rows * s.seq_len // 4
+
+  def layout(data, fsdp, tensor, remat='none', accum=1, loss_chunk=0):
+    return cands.Candidate(data, fsdp, tensor, remat, 'float32', loss_chunk,
+                           s.rows // accum, accum)
+  if size == 'gpt2_small':
+    return [layout(8, 1, 1), layout(1, 8, 1), layout(2, 1, 4),
+            layout(8, 1, 1, 'full'), layout(8, 1, 1, loss_chunk=chunk)]
   return [layout(8, 1, 1), layout(1, 8, 1), layout(1, 1, 8),
           layout(2, 1, 4), layout(4, 1, 2), layout(8, 1, 1, 'full'),
-          layout(1, 8, 1, 'full'), layout(8, 1, 1, accum=2)]
+          layout(1, 8, 1, 'full'), layout(8, 1, 1, accum=2),
+          layout(8, 1, 1, 'dots'), layout(8, 1, 1, loss_chunk=chunk)]

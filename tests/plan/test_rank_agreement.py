@@ -87,13 +87,14 @@ def test_the_suite_measures_each_layout_and_sums_up_its_rows():
   figures are those of its rows."""
   where = search.Where.here(jax.devices())
   assert where.chips == 8 and not where.rates.overlap
-  layouts = measure.host_check_layouts()[:2]  # data 8, fsdp 8
-  rows = measure.compare(measure.host_check_config(), layouts, where,
+  layouts = measure.host_check_layouts('tiny')[:2]  # data 8, fsdp 8
+  rows = measure.compare(measure.host_check_config('tiny'), layouts, where,
                          vocab_size=512, rounds=1)
   assert [r['layout'] for r in rows] == [c.describe() for c in layouts]
   for row in rows:
     assert row['predicted_step_s'] > 0 and row['measured_step_s'] > 0, row
-  result = plan_suite.summary(rows)
+  result = plan_suite.summary(rows, 'tiny')
+  assert result['size'] == 'tiny'
   ratios = [r['predicted_step_s'] / r['measured_step_s'] for r in rows]
   assert result['layouts'] == 2
   assert result['cost_version'] == step_model.COST_VERSION
@@ -104,3 +105,22 @@ def test_the_suite_measures_each_layout_and_sums_up_its_rows():
       'predicted_step_s', 'measured_step_s'))
   assert result['spearman'] == pytest.approx(
       1.0 if (p0 < p1) == (m0 < m1) else -1.0)
+
+
+@pytest.mark.parametrize('size', list(measure.HOST_SIZES))
+def test_each_size_measures_meshes_remat_a_chunked_loss_and_accumulation(
+    size):
+  """What the suite measures at each size, from tiny to gpt2_small's shape:
+  more than one mesh kind, remat, a chunked loss; all at one update's
+  rows; the smaller sizes also accumulation and remat dots."""
+  layouts = measure.host_check_layouts(size)
+  rows = {c.batch_size * c.grad_accum_steps for c in layouts}
+  assert rows == {measure.HOST_SIZES[size].rows}
+  assert len({(c.data, c.fsdp, c.tensor) for c in layouts}) >= 3
+  assert {'none', 'full'} <= {c.remat for c in layouts}
+  assert any(c.loss_chunk_size for c in layouts)
+  if size != 'gpt2_small':
+    assert any(c.grad_accum_steps > 1 for c in layouts)
+    assert 'dots' in {c.remat for c in layouts}
+  cfg = measure.host_check_config(size)
+  assert cfg.model.num_decoder_layers == measure.HOST_SIZES[size].layers
