@@ -14,12 +14,19 @@ lengths exceed them; ``--dataset`` a built-in with its default
 tokenizer. Data goes under --data_dir (or config.data.data_dir; default:
 $TFDS_DATA_DIR, else ~/tensorflow_datasets).
 Running it again is cheap: what exists is reused.
+
+Exit status: 0 prepared; 2 refused in one line; 75 stopped by SIGINT
+(Ctrl-C) or SIGTERM, in one line (nothing half-written is read as
+prepared: rerun to go on).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -28,6 +35,7 @@ import numpy as np
 from jax_transformer import cli
 from jax_transformer.data import datasets, sources
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import exits
 
 PROG = 'prepare_data.py'
 
@@ -74,21 +82,35 @@ def raw_speed(tokenizer, texts: list[str]) -> float:
   return tokens / max(time.perf_counter() - start, 1e-9)
 
 
-def report_speed(prepared, source, limit: int = 2000) -> None:
+def report_speed(prepared, source, elapsed: float,
+                 limit: int = 2000) -> None:
   """One line per token store this call wrote: tokens per second per
-  core, beside the library's own speed on the same text."""
-  keys = prepared.spec.text_features
-  texts = [datasets.as_text(source[i][k])
-           for i in range(min(limit, len(source))) for k in keys]
-  library = raw_speed(prepared.tokenizer, texts)
+  core, beside the library's own speed on the same text (not for the
+  byte tokenizer, which has no library: its "speed" would be that of
+  UTF-8 encoding, billions a second); then the tokens over the whole
+  preparation's time (elapsed seconds)."""
+  if not prepared.stores:
+    return
+  library = None
+  if prepared.tokenizer.kind != 'byte':
+    keys = prepared.spec.text_features
+    texts = [datasets.as_text(source[i][k])
+             for i in range(min(limit, len(source))) for k in keys]
+    library = raw_speed(prepared.tokenizer, texts)
   for split, stats in sorted(prepared.stores.items()):
     mb = stats.text_bytes / 1e6
+    compared = ('' if library is None else
+                ' (the tokenizer library alone, one core, same text: '
+                f'{library:,.0f} tokens/s)')
     print(f'tokenized:  {split}: {stats.examples} examples, {mb:.1f} MB of '
           f'text, {stats.tokens} tokens in {stats.seconds:.1f} s by '
           f'{stats.processes} process{"es" if stats.processes > 1 else ""}'
-          f': {stats.tokens_per_second_per_core:,.0f} tokens/s per core '
-          f'(the tokenizer library alone, one core, same text: '
-          f'{library:,.0f} tokens/s)')
+          f': {stats.tokens_per_second_per_core:,.0f} tokens/s per core'
+          f'{compared}')
+  tokens = sum(stats.tokens for stats in prepared.stores.values())
+  print(f'tokenized:  {tokens} tokens in {elapsed:.1f} s of preparation: '
+        f'{tokens / max(elapsed, 1e-9):,.0f} tokens/s from files to token '
+        'store')
 
 
 def describe_lengths(spec, source, tokenizer, limit: int = 2000) -> str:
@@ -157,8 +179,42 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace, Any]:
                              workers=args.workers), args, cfg
 
 
+class Stopped(KeyboardInterrupt):
+  """SIGTERM, raised where Python raises SIGINT's KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def stop_signals():
+  """SIGTERM raises Stopped, as SIGINT raises KeyboardInterrupt (in the
+  main thread; its previous handler put back after)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  def stop(signum, frame):
+    del signum, frame
+    raise Stopped()
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
 @cli.entry_point(PROG)
 def main(argv=None) -> int:
+  """Prepares and reports; a stop signal ends it in one line, exit 75."""
+  try:
+    with stop_signals():
+      return _main(argv)
+  except KeyboardInterrupt as e:
+    name = 'SIGTERM' if isinstance(e, Stopped) else 'SIGINT'
+    print(f'{PROG}: {name} while preparing the data: stopped; nothing '
+          'half-written is read as prepared, and what was finished is '
+          'kept: rerun to go on.', file=sys.stderr, flush=True)
+    return exits.EXIT_INTERRUPTED
+
+
+def _main(argv=None) -> int:
   start = time.time()
   prepared, args, cfg = prepare(argv)
   elapsed = time.time() - start
@@ -171,7 +227,7 @@ def main(argv=None) -> int:
   print(f'vocab_size: {prepared.vocab_size}')
   print(f'prepared in {elapsed:.1f} s')
   source = datasets.load_source(spec, spec.train_split, prepared.data_dir)
-  report_speed(prepared, source)
+  report_speed(prepared, source, elapsed)
   print(f'train tokens per example: '
         f'{describe_lengths(spec, source, prepared.tokenizer)}')
   if cfg is not None and not cfg.data.mixture:

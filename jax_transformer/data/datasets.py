@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jax_transformer.data import builders, token_store
+from jax_transformer.data import builders, files, token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
 from jax_transformer.errors import UsageError, first_line
@@ -166,9 +166,9 @@ def build(name: str, data_dir: str | None = None,
   elsewhere is read back from its files, without its builder class.
   """
   kwargs = {'file_format': 'array_record', **(builder_kwargs or {})}
+  root = data_dir or default_data_dir()
   try:
-    builder = builders.builder(name, data_dir=data_dir or default_data_dir(),
-                               **kwargs)
+    builder = builders.builder(name, data_dir=root, **kwargs)
   except tfds.core.registered.DatasetNotFoundError:
     raise UsageError(
         f'config.data.name={name!r}: TFDS has no such dataset and '
@@ -176,8 +176,18 @@ def build(name: str, data_dir: str | None = None,
         'name (name/config:version).') from None
   except ValueError as e:  # e.g. an unknown config or version
     raise UsageError(f'config.data.name={name!r}: {first_line(e)}') from None
-  if not builder.is_prepared():
-    builder.download_and_prepare()
+  with files.without_log('Variant folder '):  # "... has no dataset_info"
+    prepared = builder.is_prepared()
+  if not prepared:
+    # The folders of the dataset (name, config), not its version's
+    # (TFDS's own incomplete.* folder, removed on failure).
+    made = files.new_folders(root, *os.path.relpath(
+        os.fspath(builder.data_dir), root).split(os.sep)[:-1])
+    try:
+      builder.download_and_prepare()
+    except BaseException:
+      files.remove_if_empty(made)  # a refusal leaves no empty folder
+      raise
   return builder
 
 

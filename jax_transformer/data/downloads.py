@@ -12,6 +12,12 @@ download checksums, so they write the dataset TFDS would write, in the same
 folder, and ``tfds.data_source(name)`` reads it. They are not entered in
 TFDS's registry (the name belongs to TFDS's class); ``builders.builder(name)``
 picks them instead of ``tfds.builder(name)``.
+
+Before it downloads a file it does not hold, a builder tries one TCP
+connection to the file's host (or the proxy's), 10 s at most, and refuses
+in one sentence if there is none: offline, TFDS's downloader would retry
+for minutes first. "Downloading and preparing dataset ..." is printed once
+the host answers (or nothing needs downloading).
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import gzip
 import importlib.util
 import os
 import shutil
+import socket
 import tarfile
+import urllib.parse
+import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -30,6 +39,9 @@ from typing import Any, BinaryIO
 import tensorflow_datasets as tfds
 import tree
 from etils import epath
+from tensorflow_datasets.core.download import resource as resource_lib
+
+from jax_transformer.errors import UsageError, first_line
 
 ExtractMethod = tfds.download.ExtractMethod
 _TAR_METHODS = (ExtractMethod.TAR, ExtractMethod.TAR_GZ,
@@ -62,7 +74,22 @@ class TfFreeBuilder:
     TF_FREE_BUILDERS[cls.name] = cls
 
   def _split_generators(self, dl_manager):
-    return super()._split_generators(DownloadManager(dl_manager))
+    return super()._split_generators(self.download_manager(dl_manager))
+
+  def download_manager(self, dl_manager) -> DownloadManager:
+    """TFDS's manager, extracting without TF and refusing at once what an
+    unreachable host would have it retry for minutes."""
+    return DownloadManager(dl_manager, announce=self._announce)
+
+  def _log_download_bytes(self) -> None:
+    # Said by _announce, once the download's host answers: a refusal
+    # (offline) is then one line.
+    self._announced = False
+
+  def _announce(self) -> None:
+    if getattr(self, '_announced', True) is False:
+      self._announced = True
+      super()._log_download_bytes()
 
 
 class DownloadManager:
@@ -74,8 +101,10 @@ class DownloadManager:
   skipped, and a temporary folder renamed when complete.
   """
 
-  def __init__(self, manager: tfds.download.DownloadManager):
+  def __init__(self, manager: tfds.download.DownloadManager,
+               announce=None):
     self._manager = manager
+    self._announce = announce or (lambda: None)
 
   def __getattr__(self, name: str) -> Any:
     # manual_dir, download_dir, downloaded_size, ...: TFDS's own.
@@ -83,6 +112,12 @@ class DownloadManager:
 
   def download(self, url_or_urls):
     tree.map_structure(_check_downloadable, url_or_urls)
+    hosts_checked: set[str] = set()
+    for url in tree.flatten(url_or_urls):
+      url = url.url if isinstance(url, tfds.download.Resource) else str(url)
+      if not is_cached(self._manager, url):
+        check_reachable(url, hosts_checked)
+    self._announce()
     return self._manager.download(url_or_urls)
 
   def extract(self, path_or_paths):
@@ -105,6 +140,55 @@ class DownloadManager:
     if not to_path.exists():
       extract_archive(resource.path, method, to_path)
     return to_path
+
+
+def is_cached(manager: tfds.download.DownloadManager, url: str) -> bool:
+  """Whether TFDS's manager holds url's file already (in its download
+  folder, or its manual folder), so that it will not download it; as
+  its ``_download_or_get_cache`` decides (False where that cannot be
+  told: the host is then tried)."""
+  # pylint: disable=protected-access
+  try:
+    if getattr(manager, '_force_download', False):
+      return False
+    resource = tfds.download.Resource(url=url)
+    if manager._get_manually_downloaded_path(manager._url_infos.get(url)):
+      return True
+    return any(
+        manager._get_checksum_dl_result(resource, legacy_mode=legacy)
+        or resource_lib.is_locally_cached(
+            manager._get_dl_path(resource, legacy_mode=legacy))
+        for legacy in (False, True))
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def check_reachable(url: str, checked: set[str] | None = None,
+                    timeout: float = 10.0) -> None:
+  """Refuses in one sentence a URL whose host (or proxy) takes no TCP
+  connection within timeout seconds; checked: hosts already tried."""
+  parts = urllib.parse.urlsplit(url)
+  if parts.scheme not in ('http', 'https') or not parts.hostname:
+    return
+  host = parts.hostname
+  port = parts.port or (443 if parts.scheme == 'https' else 80)
+  proxy = urllib.request.getproxies().get(parts.scheme)
+  if proxy and not urllib.request.proxy_bypass(host):
+    proxied = urllib.parse.urlsplit(proxy if '://' in proxy
+                                    else f'http://{proxy}')
+    host, port = proxied.hostname or host, proxied.port or 80
+  if checked is not None:
+    if host in checked:
+      return
+    checked.add(host)
+  try:
+    socket.create_connection((host, port), timeout=timeout).close()
+  except OSError as e:
+    raise UsageError(
+        f'Cannot download {url}: {host}:{port} cannot be reached from this '
+        f'machine ({first_line(e) or e.__class__.__name__}); prepare the '
+        'dataset on a machine online (python scripts/prepare_data.py with '
+        'the same --config) and copy its data_dir here.') from None
 
 
 def _as_resource(resource) -> tfds.download.Resource:

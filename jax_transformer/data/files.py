@@ -43,11 +43,13 @@ leaves nothing that reads as prepared.
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -190,11 +192,12 @@ def _read_errors():
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
   """(line number from 1, line without its newline), streamed."""
-  number = 0
+  number = offset = 0  # offset: of the line's first byte in the file
   try:
     with _open_binary(path) as raw:
       for number, line in enumerate(raw, 1):
         yield number, line.rstrip(b'\r\n').decode('utf-8')
+        offset += len(line)
   except _read_errors() as e:
     # A line that is not UTF-8 is the one being decoded; a corrupt or
     # truncated stream fails while reading the next one.
@@ -202,12 +205,17 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
       where = f'{path}, line {number}'
     else:
       where = f'{path}, line {number + 1}' if number else path
-    raise UsageError(f'{where}: cannot be read ({_reason(e)}).') from None
+    raise UsageError(f'{where}: cannot be read ({_reason(e, offset)}).'
+                     ) from None
 
 
-def _reason(e: BaseException) -> str:
+def _reason(e: BaseException, offset: int = 0) -> str:
+  """Why a file could not be read; for bytes that are not UTF-8, the
+  first one and its byte offset in the (decompressed) file, offset being
+  where the decoded bytes start."""
   if isinstance(e, UnicodeDecodeError):
-    return 'not UTF-8 text'
+    return (f'not UTF-8 text: byte 0x{e.object[e.start]:02x} at byte offset '
+            f'{offset + e.start}')
   text = str(e).split('\n')[0]
   return f'{e.__class__.__name__}: {text}' if text else e.__class__.__name__
 
@@ -227,6 +235,7 @@ def records(path: str, keys: Sequence[str]
         text = f.read().decode('utf-8')
     except _read_errors() as e:
       raise UsageError(f'{path}: cannot be read ({_reason(e)}).') from None
+    _check_text(path, text)
     yield path, {keys[0]: text}
   elif kind == 'jsonl':
     for number, line in _lines(path):
@@ -235,8 +244,9 @@ def records(path: str, keys: Sequence[str]
       where = f'{path}, line {number}'
       try:
         record = json.loads(line)
-      except ValueError:
-        raise UsageError(f'{where}: not a JSON object.') from None
+      except json.JSONDecodeError as e:
+        raise UsageError(f'{where}: not JSON ({e.msg} at column {e.colno}).'
+                         ) from None
       yield where, _texts(record, keys, where)
   elif kind == 'tsv':
     if len(keys) != 2:
@@ -252,6 +262,22 @@ def records(path: str, keys: Sequence[str]
       yield f'{path}, line {number}', dict(zip(keys, columns))
   else:
     yield from _parquet_records(path, keys)
+
+
+def _check_text(where: str, text: str) -> None:
+  """Refuses a text of NUL bytes alone (with whitespace, if any): a binary
+  file or a blank record read as text, with nothing to train on."""
+  if '\0' in text and not text.replace('\0', '').strip():
+    raise UsageError(f'{where}: holds no text, only NUL bytes; not a text '
+                     'file.')
+
+
+def empty_corpus(field: str, paths: Sequence[str]) -> UsageError:
+  """The refusal of files that hold no document with text, naming them."""
+  shown = ', '.join(paths[:3]) + (f' and {len(paths) - 3} more'
+                                  if len(paths) > 3 else '')
+  return UsageError(f'config.data.{field} holds no document with text (it '
+                    f'reads {shown}): the corpus is empty.')
 
 
 def is_instruction(keys: Sequence[str]) -> bool:
@@ -282,6 +308,7 @@ def _texts(record: Any, keys: Sequence[str], where: str) -> dict[str, str]:
     if not isinstance(value, str):
       raise UsageError(f'{where}: {key!r} holds a {type(value).__name__}, '
                        'not a string.')
+    _check_text(where, value)
     out[key] = value
   return out
 
@@ -316,7 +343,7 @@ def documents(paths: Sequence[str], keys: Sequence[str]
   """Every non-empty record of paths, in order."""
   for path in paths:
     for _, record in records(path, keys):
-      if any(record[k] for k in keys):
+      if any(record[k].strip() for k in keys):
         yield record
 
 
@@ -397,8 +424,7 @@ with tfds.core.registered.skip_registration():
       held, count = held_out_indices(documents(self._train, self._keys),
                                      self._keys, self._eval_fraction)
       if not count:
-        raise UsageError('config.data.train_files holds no document with '
-                         'text: the corpus is empty.')
+        raise empty_corpus('train_files', self._train)
       if count < 2:
         raise UsageError(
             f'config.data.train_files holds {count} document'
@@ -419,8 +445,72 @@ with tfds.core.registered.skip_registration():
           yielded += 1
           yield i, record
       if not yielded:  # TFDS would refuse it later, less clearly
-        raise UsageError(f'config.data.{field} holds no document with text: '
-                         'the corpus is empty.')
+        raise empty_corpus(field, paths)
+
+
+@contextlib.contextmanager
+def quiet_tfds():
+  """TFDS silent while this package prepares a dataset of its own (your
+  files, a Hugging Face dataset): no progress bars and no log lines below
+  errors, so that a refusal is one line and a success says only what this
+  package says. A builder made inside says nothing either: ``quiet``."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
+  logger = logging.getLogger('absl')  # TFDS logs through absl
+  shown = tqdm_utils._active  # pylint: disable=protected-access
+  tfds.display_progress_bar(False)
+  logger.addFilter(_drop_tfds_chatter)
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(shown)
+    logger.removeFilter(_drop_tfds_chatter)
+
+
+def _drop_tfds_chatter(record: logging.LogRecord) -> bool:
+  return (record.levelno >= logging.ERROR
+          or 'tensorflow_datasets' not in record.pathname)
+
+
+@contextlib.contextmanager
+def without_log(prefix: str):
+  """TFDS's log lines that start with prefix dropped, inside."""
+  def keep(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(prefix)
+  logger = logging.getLogger('absl')
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
+
+
+def quiet(builder):
+  """builder, without the lines TFDS prints (not logs) before and after
+  preparing ("Downloading and preparing dataset Unknown size ...")."""
+  builder._log_download_bytes = builder._log_download_done = lambda: None  # pylint: disable=protected-access
+  return builder
+
+
+def remove_if_empty(folders: Sequence[str]) -> None:
+  """Removes each folder that is empty, in order (the deepest first): what
+  a refused preparation made and left empty."""
+  for folder in folders:
+    try:
+      os.rmdir(folder)
+    except OSError:  # not empty (another run's), or gone
+      pass
+
+
+def new_folders(data_dir: str, *parts: str) -> list[str]:
+  """The folders data_dir/parts[0]/parts[1]/... (and data_dir, and TFDS's
+  downloads/extracted) that do not exist yet, the deepest first."""
+  paths = [data_dir]
+  for part in parts:
+    paths.append(os.path.join(paths[-1], part))
+  downloads = os.path.join(data_dir, 'downloads')
+  paths += [downloads, os.path.join(downloads, 'extracted')]
+  return sorted((p for p in paths if not os.path.exists(p)), key=len,
+                reverse=True)
 
 
 def builder_dir(data_dir: str, fp: str) -> str:
@@ -434,9 +524,22 @@ def build(data_dir: str, *, fingerprint: str, keys: Sequence[str],
   if os.path.exists(os.path.join(builder_dir(data_dir, fingerprint),
                                  'dataset_info.json')):
     return
-  builder = YourFiles(fingerprint=fingerprint, keys=keys, train=train,
-                      evaluation=evaluation, eval_fraction=eval_fraction,
-                      data_dir=data_dir)
+  made = new_folders(data_dir, BUILDER, fingerprint)
+  try:
+    with quiet_tfds():
+      _prepare(data_dir, fingerprint=fingerprint, keys=keys, train=train,
+               evaluation=evaluation, eval_fraction=eval_fraction)
+  except BaseException:
+    remove_if_empty(made)  # a refusal leaves no empty your_files/<fp>/
+    raise
+
+
+def _prepare(data_dir: str, *, fingerprint: str, keys: Sequence[str],
+             train: Sequence[str], evaluation: Sequence[str],
+             eval_fraction: float) -> None:
+  builder = quiet(YourFiles(fingerprint=fingerprint, keys=keys, train=train,
+                            evaluation=evaluation, eval_fraction=eval_fraction,
+                            data_dir=data_dir))
   try:
     builder.download_and_prepare()
   except UsageError:

@@ -61,6 +61,7 @@ from tensorflow_datasets.core.utils.lazy_imports_utils import (
     datasets as hf_lib,
 )
 
+from jax_transformer.data import files
 from jax_transformer.errors import UsageError, first_line
 
 PREFIX = 'huggingface'
@@ -161,6 +162,17 @@ def build(tfds_name: str, hf: tuple, keys: Sequence[str],
   under data_dir, once (see the module doc)."""
   if is_prepared(tfds_name, data_dir):
     return
+  made = files.new_folders(data_dir, *tfds_name.split('/'))
+  try:
+    with files.quiet_tfds():
+      _build(tfds_name, hf, keys, data_dir)
+  except BaseException:
+    files.remove_if_empty(made)  # a refusal leaves no empty folder
+    raise
+
+
+def _build(tfds_name: str, hf: tuple, keys: Sequence[str],
+           data_dir: str) -> None:
   kind, source, extra = hf
   name = PREFIX if kind == 'disk' else f'{PREFIX}:{source}'
   _require_datasets(name)
@@ -168,7 +180,7 @@ def build(tfds_name: str, hf: tuple, keys: Sequence[str],
     builder = _disk_builder_class()(
         fingerprint=tfds_name.split('/')[1], folder=source, splits=extra,
         keys=tuple(keys), data_dir=data_dir)
-    builder.download_and_prepare()
+    files.quiet(builder).download_and_prepare()
     return
   try:
     builder = _hub_builder_class()(
@@ -182,7 +194,7 @@ def build(tfds_name: str, hf: tuple, keys: Sequence[str],
              else 'neither on the Hub nor in the datasets cache')
     raise UsageError(f'config.data.name={name!r}: {source} cannot be read, '
                      f'{where} ({cause}).') from None
-  builder.download_and_prepare()
+  files.quiet(builder).download_and_prepare()
 
 
 @functools.cache

@@ -36,7 +36,7 @@ class Lm1b(downloads.TfFreeBuilder, tfds_lm1b.Builder):
   """TFDS's lm1b; extraction and globbing without TensorFlow."""
 
   def _split_generators(self, dl_manager):
-    manager = downloads.DownloadManager(dl_manager)
+    manager = self.download_manager(dl_manager)
     # pylint: disable=protected-access
     root = manager.download_and_extract(tfds_lm1b._DOWNLOAD_URL)
     return {
