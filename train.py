@@ -23,6 +23,7 @@ import sys
 from typing import Sequence
 
 from absl import app, flags, logging
+from ml_collections import config_flags
 
 from jax_transformer import cli
 from jax_transformer.compile import flags as target_flags
@@ -125,6 +126,20 @@ def compile_for_target(values: flags.FlagValues) -> int:
   return 0
 
 
+def sample_from_own_data(values: flags.FlagValues) -> None:
+  """Empties config.sample.prompt (the sample then starts from a
+  validation document: ``evaluating.data_prompt``) where --config.data.name
+  names other data than the recipe's and --config.sample.prompt is not
+  given: the recipe's prompt (Shakespeare's 'ROMEO:') is its data's."""
+  from jax_transformer.train import evaluating  # pylint: disable=g-import-not-at-top
+  try:
+    given = set(config_flags.get_override_values(values['config']))
+  except Exception:  # pylint: disable=broad-except
+    return
+  evaluating.prompt_for_own_data(values.config, given,
+                                 lambda: cli.load_config(CONFIG_SPEC[0]))
+
+
 @cli.entry_point(PROG)
 def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
@@ -156,6 +171,7 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
                              barrier=values.barrier_timeout,
                              data=values.data_timeout))
   print(distributed.describe_job(), flush=True)  # one line per process
+  sample_from_own_data(values)
   try:
     result = trainer.train_and_evaluate(values.config, values.workdir)
   except preemption.StoppedBeforeFirstStep as stopped:

@@ -130,13 +130,53 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
   return metrics
 
 
+# The most characters of a validation document a prompt takes (an LM's).
+DATA_PROMPT_CHARS = 40
+
+
+def prompt_for_own_data(cfg, given, recipe) -> None:
+  """Empties ``cfg.sample.prompt`` (a ConfigDict's; the sample then starts
+  from a validation document, ``data_prompt``) where ``given``, the fields
+  set on the command line, holds ``data.name`` naming other data than
+  ``recipe()`` (the recipe's ConfigDict) and not ``sample.prompt``: the
+  recipe's prompt (``'ROMEO:'``) belongs to the recipe's data."""
+  if 'data.name' not in given or 'sample.prompt' in given:
+    return
+  if cfg.data.name != recipe().data.name:
+    cfg.sample.prompt = ''
+
+
+def data_prompt(cfg) -> str:
+  """The prompt of a run whose config.sample.prompt is empty (train.py
+  empties the recipe's for a run on other data than the recipe's): the
+  start of the first document of its evaluation split, its first line
+  (an LM's cut at a space within DATA_PROMPT_CHARS); '' where there is
+  none (instruction data, or a split that cannot be read)."""
+  try:
+    spec = data.spec_for(cfg.data)
+    if tuple(spec.text_features) == ('prompt', 'completion'):
+      return ''
+    source = data.load_source(spec, cfg.data.eval_split or 'validation',
+                              cfg.data.data_dir)
+    text = data.datasets.as_text(source[0][spec.text_features[0]])
+  except Exception:  # pylint: disable=broad-except
+    return ''
+  line = next((s.strip() for s in text.splitlines() if s.strip()), '')
+  if cfg.model_kind == 'encoder_decoder' or len(line) <= DATA_PROMPT_CHARS:
+    return line
+  return line[:DATA_PROMPT_CHARS].rsplit(' ', 1)[0] or line[
+      :DATA_PROMPT_CHARS]
+
+
 def sample(setup, params, tokenizer, cfg) -> str:
   """A sample from the trained model (LM: continues config.sample.prompt;
-  translation: translates it), decoded to text."""
+  translation: translates it), decoded to text. An empty prompt is the
+  start of a validation document (``data_prompt``)."""
   params = multihost_utils.process_allgather(params, tiled=True)
   model = setup.model_def.merge(params)
   s = cfg.sample
-  ids = tokenizer.encode(s.prompt)
+  prompt = s.prompt or data_prompt(cfg)
+  ids = tokenizer.encode(prompt)
   bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
   sampler = sampling.Sampler(s.temperature, s.top_k or None)
   key = jax.random.key(cfg.seed)
@@ -146,10 +186,11 @@ def sample(setup, params, tokenizer, cfg) -> str:
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
   stream = data.spec_for(cfg.data).lm_mode == 'stream'
-  out = decoding.generate(model, [data.lm_prompt(ids, stream, bos)],
-                          max_new_tokens=s.max_new_tokens, sampler=sampler,
-                          key=key)
-  return s.prompt + tokenizer.decode(decoding.row_tokens(out, 0))
+  # Nothing to continue: a stream starts a document after an EOS.
+  row = data.lm_prompt(ids, stream, bos) or [eos]
+  out = decoding.generate(model, [row], max_new_tokens=s.max_new_tokens,
+                          sampler=sampler, key=key)
+  return prompt + tokenizer.decode(decoding.row_tokens(out, 0))
 
 
 def is_eval_step(step: int, cfg: Experiment) -> bool:

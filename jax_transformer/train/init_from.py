@@ -169,8 +169,33 @@ def apply_fields(cfg: Experiment, path: str, kind: str,
     raise UsageError(f'config.init_from={path} holds a model with {theirs}; '
                      f'drop --config.{" --config.".join(wrong)} (the model '
                      'comes from the checkpoint) or leave init_from unset.')
-  return cfg.replace(model_kind=kind, model=cfg.model.replace(
+  cfg = cfg.replace(model_kind=kind, model=cfg.model.replace(
       **{k: v for k, v in fields.items() if k in current}))
+  return fit_context(cfg, path, explicit)
+
+
+def fit_context(cfg: Experiment, path: str, explicit: set[str]
+                ) -> Experiment:
+  """cfg with a seq_len (or data.src_len) longer than the pretrained
+  model's context (its model.max_len) lowered to it, in one printed line,
+  where the recipe set it; one given on the command line is refused in
+  one sentence naming the figure to give (the context is the
+  checkpoint's: raising model.max_len is refused)."""
+  context = cfg.model.max_len
+  for name in ('seq_len', 'data.src_len'):
+    value = cfg.seq_len if name == 'seq_len' else cfg.data.src_len
+    if value is None or value <= context:
+      continue
+    if name in explicit:
+      raise UsageError(
+          f'config.{name}={value} exceeds the context of the model of '
+          f'config.init_from={path}: model.max_len={context}, the '
+          f"checkpoint's; lower --config.{name} to {context} or less.")
+    print(f'config.{name} lowered from {value} to {context}: the context '
+          f'of the model of config.init_from={path} (model.max_len).',
+          flush=True)
+    cfg = cfg.replace(**{name: context})
+  return cfg
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
