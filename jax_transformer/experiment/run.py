@@ -94,6 +94,12 @@ class Experiment:
   eval_bleu_examples: int = 0
   checkpoint_every: int = 200
   keep_checkpoints: int = 3
+  # The local tier (train/local_tier.py): a directory on each host's own
+  # disk (a local SSD, /dev/shm), saved every local_checkpoint_every steps
+  # (a divisor of checkpoint_every); a restart resumes from the newest step
+  # either tier holds. None: off (only the workdir, every checkpoint_every).
+  local_checkpoint_dir: str | None = None
+  local_checkpoint_every: int | None = None
   # Peak FLOP/s of one device in TFLOP/s, for MFU in the logs; None: built
   # in for H100/H200/A100/TPU v4-v6 (bf16 dense), no MFU on CPUs.
   peak_tflops: float | None = None
@@ -231,6 +237,7 @@ class Experiment:
     if self.model_kind not in MODEL_KINDS:
       raise UsageError(f'model_kind must be one of {sorted(MODEL_KINDS)}, '
                        f'got {self.model_kind!r}.')
+    self._check_local_tier()
     self.lora.check()
     if self.lora.rank and not self.init_from:
       raise UsageError(f'config.lora.rank={self.lora.rank} trains adapters '
@@ -240,6 +247,32 @@ class Experiment:
     self.optim.check()
     self.profile.check()
     self.data.check()
+
+  def _check_local_tier(self) -> None:
+    """The local tier's fields: both or neither, an interval dividing
+    checkpoint_every (so the tiers' steps line up). Its directory's place
+    (not inside the workdir, not shared by hosts) is checked at the start
+    (``train.local_tier``)."""
+    every, where = self.local_checkpoint_every, self.local_checkpoint_dir
+    if where is not None and not isinstance(where, str):
+      raise UsageError('config.local_checkpoint_dir must be a directory on '
+                       f'each host\'s own disk, got {where!r}.')
+    if every is None and not where:
+      return
+    if not where:
+      raise UsageError(f'config.local_checkpoint_every={every} needs '
+                       'config.local_checkpoint_dir, a directory on each '
+                       'host\'s own disk (a local SSD, /dev/shm).')
+    if every is None:
+      raise UsageError(f'config.local_checkpoint_dir={where} needs '
+                       'config.local_checkpoint_every, the steps between '
+                       'saves to it (a divisor of checkpoint_every).')
+    _positive_int('local_checkpoint_every', every)
+    if self.checkpoint_every % every:
+      raise UsageError(f'config.local_checkpoint_every={every} does not '
+                       'divide config.checkpoint_every='
+                       f'{self.checkpoint_every}: the tiers\' steps must '
+                       'line up; pick a divisor.')
 
 
 def _positive_int(name: str, value: Any) -> None:

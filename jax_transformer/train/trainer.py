@@ -11,6 +11,7 @@ check, the profiler, stop signals and fault points. The math is in
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Sequence
 
@@ -35,8 +36,10 @@ from jax_transformer.train import (
   checks,
   evaluating,
   finite,
+  first_step,
   goodput,
   init_from,
+  local_tier,
   memory,
   metrics,
   perf,
@@ -60,6 +63,12 @@ def log(*args) -> None:
     print(*args, flush=True)
 
 
+def log_error(line: str) -> None:
+  """One line for the user on stderr, from process 0 only."""
+  if jax.process_index() == 0:
+    print(line, file=sys.stderr, flush=True)
+
+
 def train_and_evaluate(cfg: Experiment | Any,
                        workdir: str | WorkdirPaths,
                        hooks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -80,6 +89,7 @@ def train_and_evaluate(cfg: Experiment | Any,
   cfg = init_from.resolve_config(cfg, workdir, explicit)
   checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
+  local_tier.check_paths(cfg, workdir)
   # What the workdir held before this start (None: no such folder).
   before = storage.names(workdir.root)
   # Ends this process with one line if another one is lost (liveness.py).
@@ -87,14 +97,17 @@ def train_and_evaluate(cfg: Experiment | Any,
   check_workdir(workdir.root, 0, 'workdir writable')
   checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints,
                                          read_base=init_from.frozen_base)
+  local = None
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
   # From here a stop signal stops the run: at once until its state is made
   # (preemption.StoppedBeforeFirstStep), then after a step and a save.
   stop = preemption.Preemption()
   failed = True
   try:
-    run, compile_step = _start(cfg, workdir, mesh, checkpointer, writer,
-                               hooks, stop)
+    # Refuses a local directory that hosts share (a collective).
+    local = local_tier.open_tier(cfg, mesh)
+    run, compile_step = _start(cfg, workdir, mesh, (checkpointer, local),
+                               writer, hooks, stop)
     run_steps(run, compile_step)
     failed = False
   finally:
@@ -102,6 +115,8 @@ def train_and_evaluate(cfg: Experiment | Any,
     # thread of this run outlives it.
     stop.restore()
     checkpointer.close()
+    if local:
+      local.close()
     writer.close()
     if failed:
       remove_failed_start(workdir, before)
@@ -112,20 +127,23 @@ def train_and_evaluate(cfg: Experiment | Any,
   return run.row
 
 
-def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
-           checkpointer: checkpoint.Checkpointer,
+def _start(cfg: Experiment, workdir: WorkdirPaths, mesh, tiers,
            writer: metrics.MetricWriter, extra_hooks: Sequence[Any],
            stop: preemption.Preemption):
   """The run up to its first step: data prepared and measured, tokenizer
   and side files in the workdir, the state restored or made (sharded), the
-  hooks; and compile_step(run, batch) -> the compiled train step."""
+  hooks; and compile_step(run, batch) -> the compiled train step. tiers:
+  (the workdir's Checkpointer, the local tier or None)."""
+  checkpointer, local = tiers
   clock = goodput.Clock()  # start-up until the loop
+  first = first_step.FirstStep()  # the line when the first step is done
   faults.reached('prepare', 0)
   prepared = prepare_data(cfg)
-  start = init_from.start(cfg, checkpointer.latest_step() is not None)
+  resuming = (checkpointer.latest_step() is not None
+              or (local is not None and local.latest_step() is not None))
+  start = init_from.start(cfg, resuming)
   tokenizer = checkpoint.run_tokenizer(
-      workdir, start.tokenizer if start else prepared.tokenizer,
-      checkpointer.latest_step() is not None)
+      workdir, start.tokenizer if start else prepared.tokenizer, resuming)
   plan = run_plan.build(cfg, mesh, tokenizer.vocab_size)
   setup, abstract_state = plan.setup, plan.abstract_state
   log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
@@ -142,11 +160,15 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
   if jax.process_index() == 0:         # process 0 writes it
     checkpoint.save_side_files(workdir, cfg, tokenizer)
 
-  train_iter = data.train_iterator(cfg, tokenizer)
-  if checkpointer.latest_step() is not None:
-    state, data_state = checkpointer.restore(plan.sharded_state)
-    train_iter.set_state(data_state)
-    log(f'Resumed from step {int(state["step"])} in {workdir}.')
+  with first.timed('data iterator'):
+    train_iter = data.train_iterator(cfg, tokenizer)
+  if resuming:
+    with first.timed('restore'):
+      state, data_state, tier = local_tier.restore_newest(
+          checkpointer, local, plan.sharded_state, log_error)
+    with first.timed('data iterator'):
+      train_iter.set_state(data_state)
+    log(f'Resumed from step {int(state["step"])} in {workdir} ({tier}).')
   elif start:  # config.init_from: its parameters, a fresh optimizer
     state = start.state(setup, cfg.seed, plan.shardings)
     log(f'Started from {start.source.path} ({start.source.what}).')
@@ -156,7 +178,7 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh,
             train_iter, state, step=int(jax.device_get(state['step'])))
   eval_step = steps.traced_under(mesh, plan.eval_step())
   run.hooks = Hooks(make_hooks(run, cfg, checkpointer, eval_step,
-                               extra_hooks, stop), clock)
+                               [first, *extra_hooks], stop, local), clock)
   stop.check()
   stop.at_once = None  # the state is made: a signal now saves, then stops
   train_step = plan.train_step()
@@ -200,7 +222,8 @@ def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
 def make_hooks(run: Run, cfg: Experiment,
                checkpointer: checkpoint.Checkpointer,
                eval_step, extra: Sequence[Any] = (),
-               stop: preemption.Preemption | None = None) -> list:
+               stop: preemption.Preemption | None = None,
+               local: local_tier.LocalTier | None = None) -> list:
   """The run's hooks, in the order they act at each moment: the end of
   the first batch's wait first (a stop then waits for its step), rows
   (with the evaluation and time parts), the extra ones, the finite check,
@@ -224,6 +247,7 @@ def make_hooks(run: Run, cfg: Experiment,
       finite.FiniteCheck(checkpointer,
                          cfg.optim.max_skipped_updates),
       stop,
+      *([local_tier.LocalSaving(local)] if local else []),
       checkpoint.Saving(checkpointer, cfg.checkpoint_every),
       evaluating.Sample(cfg, stop),
       watch,  # after the others: it watches their ends too

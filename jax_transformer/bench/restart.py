@@ -1,0 +1,148 @@
+"""Restart to first step: a cold start, a warm start and a restart after
+one of two processes was SIGKILLed, for the default job.
+
+Every start is ``train.py --config lm_shakespeare`` as two processes on
+127.0.0.1 (one CPU device each, gloo), sharing one persistent compilation
+cache (``--compilation_cache_dir``) and, for the restart, the local tier
+(``config.local_checkpoint_dir``, one directory per process). What is timed
+is the trainer's own line (``train/first_step.py``): from each process's
+start to its first finished step, split into start-up, restore, data
+iterator and compile (cache hit or miss). Process 0's line is the row.
+
+* cold: a fresh workdir and an empty cache;
+* warm: a fresh workdir, the cache the cold start filled;
+* restart: a run whose process 1 is SIGKILLed as step KILL_AT is dispatched
+  (no handler runs, nothing is saved), process 0 ended too, then both
+  restarted: they resume from the local tier.
+
+A start is ended (SIGKILL) once its line is printed: the figures are
+about getting back to work, not the steps after.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from jax_transformer.bench.timing import load_average
+from jax_transformer.train import first_step
+
+KILL_AT = 7
+FLAGS = ('--config', 'lm_shakespeare', '--config.num_steps=1000',
+         '--config.checkpoint_every=4', '--config.log_every=1',
+         '--config.eval_every=1000', '--config.sample.enabled=False',
+         '--heartbeat_timeout=10')
+WAIT_S = 1800.0
+
+
+def _port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+class Job:
+  """Two train.py processes of one run, their output read as it comes."""
+
+  def __init__(self, work: str, cache: str, env: dict | None = None):
+    address = f'127.0.0.1:{_port()}'
+    self.lines = [[], []]
+    self.procs = []
+    for i in range(2):
+      local = os.path.join(work, f'host{i}')
+      cmd = [sys.executable, '-u', 'train.py', *FLAGS,
+             '--workdir', os.path.join(work, 'run'),
+             f'--compilation_cache_dir={cache}',
+             f'--config.local_checkpoint_dir={local}',
+             '--config.local_checkpoint_every=2',
+             f'--coordinator_address={address}', '--num_processes=2',
+             f'--process_id={i}']
+      proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(os.environ, **(env or {})))
+      self.procs.append(proc)
+      threading.Thread(target=self._read, args=(proc, self.lines[i]),
+                       daemon=True).start()
+
+  @staticmethod
+  def _read(proc, lines):
+    for line in proc.stdout:
+      lines.append(line)
+
+  def first_step(self) -> dict:
+    """Process 0's first-step figures, once printed."""
+    deadline = time.time() + WAIT_S
+    while time.time() < deadline:
+      found = first_step.parse(''.join(self.lines[0]))
+      if found:
+        return found
+      if self.procs[0].poll() is not None:
+        break
+      time.sleep(0.5)
+    raise RuntimeError('no first-step line:\n' +
+                       ''.join(self.lines[0])[-3000:])
+
+  def wait(self, timeout: float) -> list[int | None]:
+    """Exit statuses after at most timeout seconds (None: still running)."""
+    deadline = time.time() + timeout
+    for proc in self.procs:
+      try:
+        proc.wait(max(deadline - time.time(), 0.1))
+      except subprocess.TimeoutExpired:
+        pass
+    return [proc.poll() for proc in self.procs]
+
+  def kill(self) -> None:
+    for proc in self.procs:
+      proc.kill()
+      proc.wait()
+
+
+def _start(kind: str, work: str, cache: str) -> dict:
+  job = Job(work, cache)
+  try:
+    found = job.first_step()
+  finally:
+    job.kill()
+  return {'suite': 'restart', 'start': kind, **found,
+          'load_average': load_average()}
+
+
+def _killed(work: str, cache: str) -> list[int | None]:
+  """The run whose process 1 dies at KILL_AT; ends once both have."""
+  job = Job(work, cache, env={'JAX_TRANSFORMER_FAULT':
+                              f'SIGKILL@step:{KILL_AT}',
+                              'JAX_TRANSFORMER_FAULT_PROCESS': '1'})
+  try:
+    # Process 0 notices the lost process within --heartbeat_timeout.
+    return job.wait(WAIT_S)
+  finally:
+    job.kill()
+
+
+def run():
+  """The three rows, then one with the ratios."""
+  with tempfile.TemporaryDirectory(prefix='restart_bench_') as root:
+    cache = os.path.join(root, 'xla_cache')
+    cold = _start('cold', os.path.join(root, 'cold'), cache)
+    yield cold
+    warm = _start('warm', os.path.join(root, 'warm'), cache)
+    yield warm
+    statuses = _killed(os.path.join(root, 'killed'), cache)
+    restart = _start('restart', os.path.join(root, 'killed'), cache)
+    # Steps up to KILL_AT - 1 had finished; the restart's first step is
+    # the one after the step it resumed from.
+    yield dict(restart, killed_statuses=statuses,
+               steps_lost=KILL_AT - restart['first_step'])
+    yield {'suite': 'restart', 'start': 'ratios',
+           'restart_over_warm': round(restart['to_first_step_s'] /
+                                      warm['to_first_step_s'], 3),
+           'restart_compile_over_cold': round(
+               restart['compile_s'] / max(cold['compile_s'], 1e-9), 3),
+           'load_average': load_average()}
+
