@@ -166,8 +166,9 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'spearman', 'top_choice_agrees', 'lora_s', 'full_s',
               'lora_memory_gb', 'full_memory_gb', 'start', 'first_step',
               'to_first_step_s', 'startup_s', 'restore_s', 'data_iterator_s',
-              'cache', 'steps_lost', 'restart_over_warm',
-              'restart_compile_over_cold', 'load_average', 'error')
+              'cache', 'xla_s', 'other_processes_s', 'steps_lost',
+              'restart_over_warm', 'restart_compile_over_cold',
+              'restart_xla_over_cold', 'load_average', 'error')
 
 
 def table(rows: list[dict]) -> str:

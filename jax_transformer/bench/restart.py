@@ -144,5 +144,9 @@ def run():
                                       warm['to_first_step_s'], 3),
            'restart_compile_over_cold': round(
                restart['compile_s'] / max(cold['compile_s'], 1e-9), 3),
+           # What the cache can save: XLA's compile (tracing and lowering
+           # run again in any start).
+           'restart_xla_over_cold': round(
+               restart['xla_s'] / max(cold['xla_s'], 1e-9), 3),
            'load_average': load_average()}
 

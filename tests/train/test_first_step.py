@@ -18,7 +18,7 @@ def test_the_line_splits_the_wall_time_and_reads_back():
   assert (got['startup_s'], got['restore_s'], got['data_iterator_s'],
           got['compile_s']) == (7.0, 2.0, 1.5, 4.0)
   parts = sum(got[k] for k in ('startup_s', 'restore_s', 'data_iterator_s',
-                               'compile_s', 'step_s'))
+                               'compile_s', 'other_processes_s', 'step_s'))
   assert abs(parts - got['to_first_step_s']) < 0.5
   assert first_step.parse('no such line') is None
 
@@ -34,3 +34,4 @@ def test_a_compile_read_from_the_persistent_cache_is_a_hit(tmp_path):
   before = dict(events.counts)
   jax.jit(lambda x: x + 1).lower(jnp.ones(3)).compile()  # under threshold
   assert events.verdict(before) == 'not cached'
+  assert events.backend_s(before) > 0
