@@ -51,13 +51,20 @@ from jax_transformer.runtime.workdir import WorkdirPaths
 KEEP = 2
 
 
+# Orbax's warnings that say nothing about a run: a host-local write
+# (primary_host=None, as the local tier writes) does not log its size, once
+# per array and save; an empty local directory (every first start, and a
+# replaced host, which the restart's own line reports).
+_NOISE = ('Global object size logging disabled', 'Local scan: No steps found',
+          'Local scan: Directory not found')
+
+
 class _HostLocalNoise:
-  """Drops Orbax's warning, once per array and save, that a host-local
-  write (primary_host=None, as the local tier writes) does not log its
-  size: it says nothing about this run."""
+  """A logging filter dropping _NOISE."""
 
   def filter(self, record) -> bool:
-    return 'Global object size logging disabled' not in record.getMessage()
+    message = record.getMessage()
+    return not any(noise in message for noise in _NOISE)
 
 
 logging.get_absl_logger().addFilter(_HostLocalNoise())
