@@ -119,6 +119,7 @@ def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
+  from jax_transformer.data import corpus  # pylint: disable=g-import-not-at-top
   from jax_transformer.model import sharding
   from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
   from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
@@ -128,6 +129,10 @@ def run(args: argparse.Namespace) -> dict:
   chosen = restore.choose_steps(wd, args.step, args.average_last)
   cfg = wd.config
   split = args.split or cfg.data.eval_split
+  # Your files' prepared dataset gone too: one sentence saying so.
+  gone = corpus.gone(wd.data_record, split, args.workdir)
+  if gone:
+    raise UsageError(gone)
   evaluation.check_split(cfg.data, split)
   if args.batch_size is None:
     args.batch_size = cfg.eval_batch_size

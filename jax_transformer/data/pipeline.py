@@ -197,6 +197,9 @@ class Batches:
   def __init__(self, iterator: grain.DatasetIterator, worker_count: int):
     self._it, self.worker_count = iterator, worker_count
     self._closed = False
+    # A position saved on another corpus (data.accept_changed_corpus,
+    # train_iterator) is not applied: the stream starts afresh.
+    self.restart = False
 
   def __iter__(self) -> Batches:
     return self
@@ -209,6 +212,8 @@ class Batches:
     return {'worker_count': self.worker_count, 'grain': state}
 
   def set_state(self, state: Mapping[str, Any]) -> None:
+    if self.restart:
+      return
     if 'grain' not in state:  # saved before worker counts were recorded
       state = {'worker_count': 0, 'grain': state}
     saved = state['worker_count']
@@ -237,13 +242,18 @@ def train_iterator(cfg: Any, tokenizer: Tokenizer, **batching: Any
   """The training batches of an experiment config: ``cfg.data`` on its
   ``train_split``, ``cfg.batch_size`` rows of ``cfg.seq_len``, shuffled by
   ``cfg.seed``, built by ``data.worker_count`` processes. ``batching``
-  adds or overrides ``make_dataset``'s keyword arguments."""
+  adds or overrides ``make_dataset``'s keyword arguments. With
+  ``data.accept_changed_corpus`` (left on by the trainer only where the
+  corpus did change since the checkpoint), ``set_state`` keeps the fresh
+  stream."""
   d = DataConfig.of(cfg.data)
-  return make_iterator(
+  it = make_iterator(
       d, d.train_split, tokenizer, worker_count=d.worker_count,
       worker_buffer_size=d.worker_buffer_size,
       **{'batch_size': cfg.batch_size, 'seq_len': cfg.seq_len,
          'seed': cfg.seed, **batching})
+  it.restart = bool(d.accept_changed_corpus)
+  return it
 
 
 def initial_state(cfg: Any) -> dict[str, Any]:

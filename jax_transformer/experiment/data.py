@@ -58,6 +58,11 @@ class DataConfig:
       (0: this process, with threads) and batches each keeps ready. The
       count is part of the stream: resume with the count a checkpoint was
       saved with.
+    accept_changed_corpus: resume a run of your files although they
+      changed since it started (a file added, removed or rewritten; else
+      refused, ``data/corpus.py``): the new corpus is prepared and the
+      data iterator starts afresh on it. Not part of the run (a resume may
+      set it or not).
   """
   name: str = 'shakespeare'
   data_dir: str | None = None
@@ -84,6 +89,7 @@ class DataConfig:
   prepare_workers: int | None = None
   worker_count: int = 0
   worker_buffer_size: int = 2
+  accept_changed_corpus: bool = False
 
   @classmethod
   def of(cls, value: Any) -> DataConfig:

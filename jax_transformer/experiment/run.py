@@ -60,8 +60,9 @@ RUNTIME_MODEL_FIELDS = ('dtype', 'attention_implementation', 'dropout_rate',
                         'attention_dropout_rate', 'dropout_rng', 'scan_layers',
                         'remat')
 # worker_count is judged by the saved stream itself (pipeline.Batches).
+# accept_changed_corpus is judged against the corpus itself (data/corpus.py).
 RUNTIME_DATA_FIELDS = ('data_dir', 'worker_count', 'worker_buffer_size',
-                       'prepare_workers')
+                       'prepare_workers', 'accept_changed_corpus')
 
 
 def _default_model() -> ModelConfig:

@@ -5,7 +5,8 @@ A workdir holds:
                        state, JSON) as Orbax items; a LoRA run's params are
                        its adapters alone, the frozen base being read
                        again from config.init_from on restore
-  config.json          the experiment config
+  config.json          the experiment config (paths absolute)
+  data.json            what its data was (``data/corpus.py``)
   tokenizer/           the tokenizer the model was trained with
   tokenizer.sha256     its fingerprint, written once tokenizer/ is whole
 
@@ -27,9 +28,11 @@ import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
+from jax_transformer.experiment.paths import absolute_paths
 from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
@@ -366,12 +369,22 @@ def _own_data_state(states: list[Any]) -> Any:
 
 def save_side_files(workdir: str | WorkdirPaths, cfg: Experiment,
                     tokenizer) -> None:
-  """config.json, and once tokenizer/ with its fingerprint, beside the
-  checkpoints (process 0 only; ``tokenizer`` from ``run_tokenizer``)."""
+  """config.json (its paths absolute: ``experiment.paths``) and data.json
+  (what the run reads: ``data.corpus``), and once tokenizer/ with its
+  fingerprint, beside the checkpoints (process 0 only; ``tokenizer`` from
+  ``run_tokenizer``)."""
   paths = resolve(workdir)
   paths.root.mkdir(parents=True, exist_ok=True)
   storage.write_atomic(paths.config,
-                       json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+                       json.dumps(absolute_paths(cfg).to_dict(), indent=2,
+                                  sort_keys=True))
+  try:
+    record = corpus.record(cfg.data)
+  except (UsageError, OSError):  # an import's config naming no files here
+    record = None
+  if record is not None:
+    storage.write_atomic(corpus.path_in(paths.root),
+                         json.dumps(record, indent=2, sort_keys=True))
   if paths.fingerprint.exists() and paths.tokenizer.exists():
     return  # a resumed model keeps its vocabulary
   tokenizer_dir = paths.tokenizer

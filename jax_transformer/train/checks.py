@@ -10,8 +10,10 @@ import json
 import jax
 
 from jax_transformer import data
+from jax_transformer.data import corpus
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
+from jax_transformer.experiment.paths import absolute_paths
 from jax_transformer.model import sharding
 from jax_transformer.runtime import devices, storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
@@ -45,15 +47,41 @@ def check_experiment(exp: Experiment) -> jax.sharding.Mesh:
   return mesh
 
 
-def check_resumable(exp: Experiment, workdir: str | WorkdirPaths) -> None:
-  """Refuses to resume a workdir trained with another model or data."""
+def check_resumable(exp: Experiment, workdir: str | WorkdirPaths
+                    ) -> Experiment:
+  """Refuses to resume a workdir trained with another model or data (paths
+  compared absolute: an old config.json's relative ones from the current
+  directory), or on files that changed since it started unless
+  config.data.accept_changed_corpus says to go on (then one line says the
+  data iterator starts afresh). Returns exp with accept_changed_corpus
+  True only where that applies, which ``data.train_iterator`` reads."""
   exp = Experiment.of(exp)
   paths = resolve(workdir)
   if not paths.config.exists():
-    return
+    return _fresh_stream(exp)
   saved = Experiment.of(json.loads(paths.config.read_text()))
-  changed = exp.changed_since(saved)
+  changed = absolute_paths(exp).changed_since(absolute_paths(saved))
   if changed:
     raise UsageError(f'{workdir} holds a run with a different config.'
                      f'{changed}; use a new --workdir or the same config to '
                      'resume.')
+  old = corpus.read(paths.root)
+  what = (corpus.change(old, corpus.record(exp.data))
+          if old and 'files' in old else None)
+  if what is None:
+    return _fresh_stream(exp)
+  if not exp.data.accept_changed_corpus:
+    raise UsageError(f'The corpus of {workdir} changed since this run '
+                     f'started: {what}; pass '
+                     '--config.data.accept_changed_corpus=true to go on with '
+                     'the new corpus, which restarts the data iterator.')
+  if jax.process_index() == 0:
+    print(f'The corpus changed since this run started: {what}; going on '
+          'with it (config.data.accept_changed_corpus): the data iterator '
+          'starts afresh.', flush=True)
+  return exp
+
+
+def _fresh_stream(exp: Experiment) -> Experiment:
+  """exp with accept_changed_corpus off: nothing changed to accept."""
+  return exp.replace(data=exp.data.replace(accept_changed_corpus=False))

@@ -19,6 +19,7 @@ import jax
 from absl import logging
 
 from jax_transformer import data
+from jax_transformer.data import corpus
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
@@ -87,7 +88,8 @@ def train_and_evaluate(cfg: Experiment | Any,
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
   # config.init_from's model fields
   cfg = init_from.resolve_config(cfg, workdir, explicit)
-  checks.check_resumable(cfg, workdir)
+  # data.accept_changed_corpus left on only where the corpus changed.
+  cfg = checks.check_resumable(cfg, workdir)
   mesh = checks.check_experiment(cfg)
   local_tier.check_paths(cfg, workdir)
   # What the workdir held before this start (None: no such folder).
@@ -210,7 +212,8 @@ def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
       if jax.process_index() != 0:
         return
       added = [name for name in added
-               if name in (CONFIG_FILE, TOKENIZER_DIR, FINGERPRINT_FILE)]
+               if name in (CONFIG_FILE, TOKENIZER_DIR, FINGERPRINT_FILE,
+                             corpus.DATA_FILE)]
     storage.remove(workdir.root, added,
                    folder_too=before is None and jax.process_count() == 1)
   except Exception as err:  # pylint: disable=broad-except

@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 
+from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
@@ -42,13 +43,18 @@ class Workdir:
   tokenizer: Any
   setup: model_setup.Setup
   steps: tuple[int, ...]  # checkpointed steps, ascending
+  # data.json (data/corpus.py): what the run's data was; None for a
+  # workdir written before it was recorded.
+  data_record: dict | None = None
 
   def model(self, params):
     return self.setup.model_def.merge(params)
 
 
 def open_workdir(location: str | WorkdirPaths) -> Workdir:
-  """Reads config.json and tokenizer/ and lists the checkpoints.
+  """Reads config.json, data.json and tokenizer/ and lists the
+  checkpoints; the config's data is the prepared dataset data.json names
+  (``data.corpus.for_inference``).
 
   Raises UsageError with one sentence when path is not a training
   directory, its config.json or tokenizer cannot be read or do not go
@@ -68,6 +74,10 @@ def open_workdir(location: str | WorkdirPaths) -> Workdir:
   if cfg is None:
     raise UsageError(f'{path} has no {CONFIG_FILE}: not a '
                      'training workdir (train.py writes one).')
+  # The prepared dataset training read, by the name it recorded: neither
+  # the corpus nor the directory training ran in is needed.
+  record = corpus.read(paths.root)
+  cfg = cfg.replace(data=corpus.for_inference(cfg.data, record))
   tokenizer = _tokenizer(paths)
   setup = model_setup.build(cfg, tokenizer.vocab_size)
   checkpointer = checkpoint.Checkpointer(paths, async_save=False)
@@ -77,7 +87,7 @@ def open_workdir(location: str | WorkdirPaths) -> Workdir:
     checkpointer.close()
   if not steps:
     raise UsageError(f'{path} holds no checkpoint yet; train it first.')
-  return Workdir(path, paths, cfg, tokenizer, setup, steps)
+  return Workdir(path, paths, cfg, tokenizer, setup, steps, record)
 
 
 def _tokenizer(paths: WorkdirPaths):
