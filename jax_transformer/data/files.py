@@ -58,6 +58,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 import zstandard
 from etils import epath
+from tensorflow_datasets.core.utils import tqdm_utils
 
 from jax_transformer.data import chat
 from jax_transformer.errors import UsageError
@@ -454,7 +455,6 @@ def quiet_tfds():
   files, a Hugging Face dataset): no progress bars and no log lines below
   errors, so that a refusal is one line and a success says only what this
   package says. A builder made inside says nothing either: ``quiet``."""
-  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
   logger = logging.getLogger('absl')  # TFDS logs through absl
   shown = tqdm_utils._active  # pylint: disable=protected-access
   tfds.display_progress_bar(False)
