@@ -20,6 +20,11 @@ hit the same moment on any machine. --damage damages a committed
 checkpoint at random before each restart (truncated, emptied, random
 bytes, a file or folder gone), always leaving one readable.
 
+--hard_kills N runs two processes instead and hard-kills one of them (or
+both) N times, without and with the local checkpoint tier
+(``--local_every``), reporting goodput and steps lost per kill
+(``scripts/soak_hosts.py``).
+
 Prints one line per start, then the verdict; exits 1 naming the first
 difference. Config overrides pass through after ``--``, e.g.
 ``-- --config.mesh.data=2``.
@@ -76,6 +81,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='first, stop starts at each phase of the last step')
   p.add_argument('--damage', action='store_true',
                  help='damage a committed checkpoint before each restart')
+  p.add_argument('--hard_kills', type=int, default=0,
+                 help='instead: SIGKILL one of two processes (or both) this '
+                 'many times per configuration, without and with the local '
+                 'tier; goodput and steps lost per kill')
+  p.add_argument('--local_every', type=int, default=2,
+                 help='--hard_kills: the local tier\'s interval (a divisor '
+                 'of --checkpoint_every)')
   p.add_argument('--timeout', type=float, default=900.0,
                  help='seconds one start may take before it counts as hung')
   p.add_argument('overrides', nargs='*',
@@ -83,6 +95,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.last_step and args.num_steps < 3:
     p.error('--last_step needs --num_steps 3 or more.')
+  if args.hard_kills < 0 or (args.hard_kills and (
+      args.local_every < 1 or args.checkpoint_every % args.local_every)):
+    p.error('--hard_kills must be 0 or more and --local_every a positive '
+            'divisor of --checkpoint_every.')
   if args.cycles < 0:
     p.error(f'--cycles must be 0 or more, got {args.cycles}.')
   for name in ('num_steps', 'checkpoint_every', 'keep_checkpoints',
@@ -439,6 +455,8 @@ def soak(args) -> dict[str, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.hard_kills:
+    return main_hard_kills(args)
   try:
     counts = soak(args)
   except SoakFailure as err:
@@ -447,6 +465,25 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f'OK: {counts["rounds"]} rounds, {counts["starts"]} starts, '
         f'{counts["killed"]} stopped early; every final state and logged '
         'loss equals the uninterrupted run.')
+  return 0
+
+
+def main_hard_kills(args) -> int:
+  """--hard_kills: a JSON row per configuration, then the verdict."""
+  import json  # pylint: disable=g-import-not-at-top
+  # soak_hosts imports this module by name: the running script, so that
+  # its SoakFailure is the one caught here.
+  sys.modules.setdefault('soak', sys.modules[__name__])
+  import soak_hosts  # pylint: disable=g-import-not-at-top
+  try:
+    rows = soak_hosts.hard_kills(args)
+  except SoakFailure as err:
+    print(f'FAILED: {err}', file=sys.stderr)
+    return 1
+  for row in rows:
+    print(json.dumps(row), flush=True)
+  print('OK: every killed configuration ended equal to the uninterrupted '
+        'run, bit for bit.')
   return 0
 
 
