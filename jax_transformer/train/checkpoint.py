@@ -376,8 +376,8 @@ def save_side_files(workdir: str | WorkdirPaths, cfg: Experiment,
   paths = resolve(workdir)
   paths.root.mkdir(parents=True, exist_ok=True)
   storage.write_atomic(paths.config,
-                       json.dumps(absolute_paths(cfg).to_dict(), indent=2,
-                                  sort_keys=True))
+                       json.dumps(absolute_paths(Experiment.of(cfg)).to_dict(),
+                                  indent=2, sort_keys=True))
   try:
     record = corpus.record(cfg.data)
   except (UsageError, OSError):  # an import's config naming no files here
