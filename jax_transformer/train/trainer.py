@@ -170,7 +170,8 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh, tiers,
           checkpointer, local, plan.sharded_state, log_error)
     with first.timed('data iterator'):
       train_iter.set_state(data_state)
-    log(f'Resumed from step {int(state["step"])} in {workdir} ({tier}).')
+    which = f' ({tier})' if local else ''  # only where there are two
+    log(f'Resumed from step {int(state["step"])} in {workdir}{which}.')
   elif start:  # config.init_from: its parameters, a fresh optimizer
     state = start.state(setup, cfg.seed, plan.shardings)
     log(f'Started from {start.source.path} ({start.source.what}).')

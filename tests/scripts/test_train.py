@@ -231,6 +231,8 @@ OUR_LINES = [r'Job: \d+ process', r'parameter +shape +logical axes',
              r'Memory per device[ ,]', r'Data( \S+)? \(\w+\): ',
              r'Resumed from step \d+ in .+\.$',
              r'Compiled the train step in [\d.]+ s\.$',
+             r'First step \(\d+\) finished [\d.]+ s after the process '
+             r'started: start-up ',
              r'step \d+: train loss [\d.]+, eval loss ',
              r'Time: [\d.]+ s wall, goodput [\d.]+% \(start-up ',
              r'Checkpoint step \d+ could not be read \(.+\); moved it to '
