@@ -75,7 +75,8 @@ def test_a_refused_import_writes_nothing_and_the_fixed_command_succeeds(
   assert f'Imported {folder} into {work} at step 0' in out
   assert os.listdir(tmp_path) == ['W']
   assert sorted(os.listdir(work)) == ['checkpoints', 'config.json',
-                                      'tokenizer', 'tokenizer.sha256']
+                                      'data.json', 'tokenizer',
+                                      'tokenizer.sha256']
   assert os.listdir(work / 'checkpoints') == ['0']
 
 
