@@ -74,18 +74,18 @@ class Job:
     for line in proc.stdout:
       lines.append(line)
 
-  def first_step(self) -> dict:
-    """Process 0's first-step figures, once printed."""
+  def first_step(self, process: int = 0) -> dict:
+    """A process's first-step figures, once printed."""
     deadline = time.time() + WAIT_S
     while time.time() < deadline:
-      found = first_step.parse(''.join(self.lines[0]))
+      found = first_step.parse(''.join(self.lines[process]))
       if found:
         return found
-      if self.procs[0].poll() is not None:
+      if self.procs[process].poll() is not None:
         break
       time.sleep(0.5)
-    raise RuntimeError('no first-step line:\n' +
-                       ''.join(self.lines[0])[-3000:])
+    raise RuntimeError(f'no first-step line from process {process}:\n' +
+                       ''.join(self.lines[process])[-3000:])
 
   def wait(self, timeout: float) -> list[int | None]:
     """Exit statuses after at most timeout seconds (None: still running)."""
@@ -107,10 +107,14 @@ def _start(kind: str, work: str, cache: str) -> dict:
   job = Job(work, cache)
   try:
     found = job.first_step()
+    other = job.first_step(1)
   finally:
     job.kill()
+  # Process 1's compile: JAX writes the persistent cache from process 0
+  # only, so a cold start's process 1 reads nothing back from it.
   return {'suite': 'restart', 'start': kind, **found,
-          'load_average': load_average()}
+          'process_1_compile_s': other['compile_s'],
+          'process_1_cache': other['cache'], 'load_average': load_average()}
 
 
 def _killed(work: str, cache: str) -> list[int | None]:

@@ -80,10 +80,11 @@ def cache_events() -> CacheEvents:
 
 
 class FirstStep:
-  """The line, as a training hook (see hooks.py): ``timed`` blocks of the
-  start (restore, data iterator) are measured by the trainer before the
-  hooks exist; compile, the first batch's wait and the rest come from the
-  run's goodput clock when the first step of this start has finished."""
+  """The line, printed by every process, as a training hook (see
+  hooks.py): ``timed`` blocks of the start (restore, data iterator) are
+  measured by the trainer before the hooks exist; compile, the first
+  batch's wait and the rest come from the run's goodput clock when the
+  first step of this start has finished."""
   part = 'other'
 
   def __init__(self):
@@ -119,7 +120,9 @@ class FirstStep:
     if self._done:
       return
     self._done = True
-    run.log(self.line(run.clock, step))
+    # Every process: each host's start is its own (a slow disk, a cache
+    # that missed: JAX writes the persistent cache from process 0 only).
+    print(self.line(run.clock, step), flush=True)
 
   def line(self, clock, step: int) -> str:
     totals, now = clock.totals, time.time()
