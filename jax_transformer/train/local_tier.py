@@ -43,7 +43,7 @@ from orbax.checkpoint.experimental.emergency.p2p import options as p2p_options
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora
-from jax_transformer.runtime import storage
+from jax_transformer.runtime import distributed, storage
 from jax_transformer.runtime.workdir import WorkdirPaths
 
 # Local steps kept on each host besides the one being written: a kill mid-
@@ -204,13 +204,47 @@ def _tree(state: dict[str, Any]) -> dict[str, Any]:
           'train': {k: v for k, v in state.items() if k != 'params'}}
 
 
-def open_tier(cfg: Experiment, mesh) -> LocalTier | None:
+def open_tier(cfg: Experiment, mesh, workdir: WorkdirPaths
+              ) -> LocalTier | None:
   """The run's local tier, or None where config.local_checkpoint_dir is
-  off."""
+  off. Refused on every process where one host's directory holds another
+  workdir's steps."""
   if not cfg.local_checkpoint_dir:
     return None
+  try:
+    claim(cfg.local_checkpoint_dir, workdir)
+  except UsageError as err:
+    distributed.all_passed('local tier', str(err))
+    raise
+  distributed.all_passed('local tier')
   return LocalTier(cfg.local_checkpoint_dir, mesh,
                    cfg.local_checkpoint_every)
+
+
+def claim(directory: str, workdir: WorkdirPaths) -> None:
+  """Marks directory as workdir's local tier (the file WORKDIR). Refuses
+  one that another workdir's run claimed: its steps would resume the
+  wrong run. Where workdir holds no config.json (a new run, or one
+  started anew in an emptied folder), steps there are an old run's: they
+  are removed."""
+  os.makedirs(directory, exist_ok=True)
+  marker = os.path.join(directory, 'WORKDIR')
+  owner = os.fspath(workdir.root)
+  if not storage.is_remote(owner):
+    owner = os.path.realpath(os.path.abspath(owner))
+  if os.path.exists(marker):
+    with open(marker) as f:
+      claimed = f.read().strip()
+    if claimed != owner:
+      raise UsageError(f'config.local_checkpoint_dir={directory} holds the '
+                       f'local checkpoints of another run ({claimed}): '
+                       'empty it or give this run a directory of its own.')
+  if not workdir.config.exists():
+    for name in os.listdir(directory):
+      if name.isdigit():
+        shutil.rmtree(os.path.join(directory, name))
+  with open(marker, 'w') as f:
+    f.write(owner + '\n')
 
 
 def restore_newest(checkpointer, local: LocalTier | None,

@@ -106,8 +106,9 @@ def train_and_evaluate(cfg: Experiment | Any,
   stop = preemption.Preemption()
   failed = True
   try:
-    # Refuses a local directory that hosts share (a collective).
-    local = local_tier.open_tier(cfg, mesh)
+    # Refuses a local directory that hosts share or that another run's
+    # steps are in (collectives).
+    local = local_tier.open_tier(cfg, mesh, workdir)
     run, compile_step = _start(cfg, workdir, mesh, (checkpointer, local),
                                writer, hooks, stop)
     run_steps(run, compile_step)

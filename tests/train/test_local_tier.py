@@ -95,6 +95,24 @@ def test_a_local_dir_inside_the_workdir_is_refused(tmp_path):
                          resolve(str(tmp_path / 'w')))
 
 
+def test_a_local_dir_of_another_run_is_refused_and_a_new_run_clears_it(
+    tmp_path):
+  first, second = resolve(str(tmp_path / 'a')), resolve(str(tmp_path / 'b'))
+  local = str(tmp_path / 'local')
+  local_tier.claim(local, first)
+  os.makedirs(os.path.join(local, '8'))  # a step of run a
+  with pytest.raises(UsageError, match='holds the local checkpoints of '
+                     'another run'):
+    local_tier.claim(local, second)
+  local_tier.claim(local, first)  # a has no config.json: a new run
+  assert not os.path.exists(os.path.join(local, '8'))
+  os.makedirs(os.path.join(local, '8'))
+  first.root.mkdir(parents=True)
+  first.config.write_text('{}')
+  local_tier.claim(local, first)  # a restart of a keeps its steps
+  assert os.path.exists(os.path.join(local, '8'))
+
+
 @pytest.mark.slow
 def test_a_local_dir_every_host_sees_is_refused(tmp_path, data_dir):
   procs = two_processes(tmp_path / 'w', data_dir,
@@ -126,6 +144,9 @@ def test_a_hard_kill_of_one_process_resumes_from_the_local_tier(tmp_path,
   shutil.copytree(work, replaced / 'w')
   shutil.copytree(local[0], replaced / 'host0')
   os.makedirs(replaced / 'host1')
+  # The copy stands for the same run: its local tier names its workdir.
+  (replaced / 'host0' / 'WORKDIR').write_text(
+      os.path.realpath(replaced / 'w') + '\n')
 
   out = outputs(two_processes(work, data_dir, local))[0]
   step, line = resumed_step(out)
