@@ -81,6 +81,8 @@ def project(x: Array, kernel: nnx.Variable | Array | LowRank, spec: str,
     # (not ``[...]``: that indexes the value, which a LowRank is not)
   x = x.astype(dtype)
   if not isinstance(kernel, LowRank):
+    if not isinstance(kernel, jax.Array):  # int8 weights: [...] dequantizes
+      kernel = kernel[...]
     return jnp.einsum(spec, x, kernel.astype(dtype))
   y = jnp.einsum(spec, x, kernel.kernel.astype(dtype))
   into, out_of = _adapter_specs(spec)

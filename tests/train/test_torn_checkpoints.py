@@ -78,8 +78,8 @@ def test_side_files_are_written_whole(tmp_path):
   (tmp_path / 'tokenizer').mkdir()
   (tmp_path / 'tokenizer' / 'spm.model').write_bytes(b'torn')
   checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
-  assert sorted(os.listdir(tmp_path)) == ['config.json', 'tokenizer',
-                                          'tokenizer.sha256']
+  assert sorted(os.listdir(tmp_path)) == ['config.json', 'data.json',
+                                          'tokenizer', 'tokenizer.sha256']
   assert os.listdir(tmp_path / 'tokenizer') == ['tokenizer.json']
   assert checkpoint.load_config(str(tmp_path)).seq_len == cfg.seq_len
 
