@@ -152,6 +152,7 @@ def test_decode_benchmark_rows_ratios_and_bytes():
   assert decode.peak_bandwidth('cpu') is None
 
 
+@pytest.mark.slow
 def test_lora_suite_times_lora_against_full_fine_tuning():
   """--suite lora on finetune:gpt2_shakespeare's config at a tiny size."""
   from jax_transformer.bench import lora

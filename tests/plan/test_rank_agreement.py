@@ -41,6 +41,7 @@ def _layout(data, fsdp, tensor, remat='none', accum=1, rows=32):
                          rows // accum, accum)
 
 
+@pytest.mark.slow
 def test_a_layout_slower_by_construction_is_predicted_slower():
   """Data over 8 with two accumulation steps does the same FLOPs an update
   as with one and reads every weight and its gradient twice; FSDP over 8

@@ -111,6 +111,7 @@ def test_inference_from_a_copy_without_the_corpus(home, tmp_path,
     os.rename(away, home / 'corpus')
 
 
+@pytest.mark.slow
 def test_a_lora_workdir_decodes_from_elsewhere(home, tmp_path, monkeypatch):
   status, out = train(home, 'runs/lora', '--config.init_from=runs/files',
                       '--config.lora.rank=2')
@@ -122,6 +123,7 @@ def test_a_lora_workdir_decodes_from_elsewhere(home, tmp_path, monkeypatch):
                         'the cat', '--max_new_tokens', '4']) == 0
 
 
+@pytest.mark.slow
 def test_a_resume_over_an_added_file_is_a_decision(home, tmp_path):
   work = tmp_path / 'resumed'
   shutil.copytree(home / 'runs/files', work)

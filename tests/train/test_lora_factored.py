@@ -128,7 +128,8 @@ def test_no_weight_gradient_of_a_frozen_kernel_is_formed(kind):
   assert formed(merged)
 
 
-@pytest.mark.parametrize('kind', ['lm', 'lm_scanned_remat'])
+@pytest.mark.parametrize('kind', ['lm', pytest.param(
+    'lm_scanned_remat', marks=pytest.mark.slow)])
 def test_dropout_zero_is_no_dropout_and_positive_is_train_only(kind):
   batch = make_batch(kind)
 
