@@ -60,11 +60,11 @@ def outputs(procs, ok=True):
   return outs
 
 
-def final_params(workdir):
+def final_params(workdir, steps=STEPS):
   """The parameters of the workdir's newest (persistent) checkpoint."""
   from jax_transformer.workdirs import restore
   _, params, step = restore.load(str(workdir))
-  assert step == STEPS
+  assert step == steps
   return params
 
 
@@ -160,5 +160,29 @@ def test_a_hard_kill_of_one_process_resumes_from_the_local_tier(tmp_path,
   step, line = resumed_step(out)
   assert step >= 8 - 2 and '(local tier)' in line, line  # the peer's copy
   for name, got in final_params(replaced / 'w').items():
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want[name]),
+                                  err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_damaged_local_step_is_moved_aside_and_the_workdir_read(tmp_path,
+                                                                  data_dir):
+  from checkpoint_damage import truncate
+  work, local = tmp_path / 'w', tmp_path / 'local'
+  tier = (f'--config.local_checkpoint_dir={local}',
+          '--config.local_checkpoint_every=1', '--config.checkpoint_every=3',
+          '--config.eval_every=100')
+  train(work, data_dir, '--config.num_steps=5', *tier, devices=1)
+  train(tmp_path / 's', data_dir, '--config.num_steps=6',
+                   '--config.checkpoint_every=3', '--config.eval_every=100',
+                   devices=1)
+  shutil.rmtree(work / 'checkpoints' / '5')  # the local tier is newer
+  truncate(str(local / '5'))
+  out = train(work, data_dir, '--config.num_steps=6', *tier, devices=1)
+  assert 'Local checkpoint step 5 could not be read' in out, out[-3000:]
+  assert 'Resumed from step 3 in' in out and '(persistent tier)' in out
+  assert (local / '5.unreadable').exists()
+  want = final_params(tmp_path / 's', 6)
+  for name, got in final_params(work, 6).items():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want[name]),
                                   err_msg=name)
