@@ -7,6 +7,7 @@ console.
     python scripts/benchmark.py --suite pipeline
     python scripts/benchmark.py --suite stop          # SIGTERM to exit
     python scripts/benchmark.py --suite restart       # back to the first step
+    python scripts/benchmark.py --suite local_tier    # the local tier's cost
     python scripts/benchmark.py --suite plan          # the planner's model
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
 
@@ -36,6 +37,12 @@ Suites (see ``jax_transformer/bench/``):
   restore, data iterator and compile (cache hit or miss), and the ratios
   restart / warm start (goal: <= 1.5) and restart compile / cold compile
   (goal: < 0.1);
+* ``local_tier``: the default job's seconds per training step (steps,
+  data waits and checkpoints; start-up, compile and evaluation left out)
+  without and with the local checkpoint tier (``--local_every``, in
+  /dev/shm), one ``train.py`` process of ``--steps`` (default 200) each,
+  interleaved ``--rounds`` (default 2): per round, the medians, the median
+  ratio with / without and the overhead in percent (goal: under 3%);
 * ``lora``: a LoRA train step against a full fine-tuning step of the same
   model (``finetune:gpt2_shakespeare``'s shape, rank 8), interleaved
   rounds: the median per-round ratio lora / full (goal: <= 0.75) and each
@@ -61,7 +68,7 @@ from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
-          'restart')
+          'restart', 'local_tier')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -72,14 +79,19 @@ def gpu_items() -> tuple[str, ...]:
 def parse_args(argv=None) -> argparse.Namespace:
   p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
-  p.add_argument('--rounds', type=int, default=7,
-                 help='cpu, lora: interleaved rounds per comparison')
+  p.add_argument('--rounds', type=int, default=None,
+                 help='cpu, lora, plan, local_tier: interleaved rounds per '
+                 'comparison (default 7; local_tier: 2)')
   p.add_argument('--models', default='transformer_base,default_lm',
                  help='cpu: comma-separated, of transformer_base,default_lm')
   p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
                  'https://github.com/karpathy/nanoGPT')
-  p.add_argument('--steps', type=int, default=600,
-                 help='nanogpt: training steps of each side')
+  p.add_argument('--steps', type=int, default=None,
+                 help='nanogpt, local_tier: training steps of each side '
+                 '(default 600; local_tier: 200)')
+  p.add_argument('--local_every', type=int, default=10,
+                 help='local_tier: steps between local saves (a divisor of '
+                 '--steps)')
   p.add_argument('--gpu_items', default=','.join(gpu_items()),
                  help='gpu: comma-separated items')
   p.add_argument('--seconds_per_item', type=float, default=42,
@@ -110,8 +122,17 @@ def parse_args(argv=None) -> argparse.Namespace:
   if unknown:
     p.error(f'--plan_sizes: unknown {", ".join(unknown)}; choose from '
             f'{", ".join(HOST_SIZES)}.')
-  if args.rounds < 1 or args.steps < 1:
-    p.error('--rounds and --steps must be positive.')
+  local = args.suite == 'local_tier'
+  if args.rounds is None:
+    args.rounds = 2 if local else 7
+  if args.steps is None:
+    args.steps = 200 if local else 600
+  if args.rounds < 1 or args.steps < 1 or args.local_every < 1:
+    p.error('--rounds, --steps and --local_every must be positive.')
+  if local and args.steps % args.local_every:
+    p.error(f'--local_every={args.local_every} does not divide '
+            f'--steps={args.steps} (the workdir saves only at the last '
+            'step, and the local tier\'s interval must divide it).')
   return args
 
 
@@ -145,6 +166,9 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
   if args.suite == 'restart':
     from jax_transformer.bench import restart  # pylint: disable=g-import-not-at-top
     return list(restart.run())
+  if args.suite == 'local_tier':
+    from jax_transformer.bench import local_tier  # pylint: disable=g-import-not-at-top
+    return list(local_tier.run(args.steps, args.rounds, args.local_every))
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -168,7 +192,10 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'to_first_step_s', 'startup_s', 'restore_s', 'data_iterator_s',
               'cache', 'xla_s', 'other_processes_s', 'steps_lost',
               'restart_over_warm', 'restart_compile_over_cold',
-              'restart_xla_over_cold', 'load_average', 'error')
+              'restart_xla_over_cold', 'side', 'round', 'steps',
+              'checkpoint_s', 'local_saves', 'without_s', 'with_s',
+              'overhead_percent', 'load_average_before',
+              'load_average_after', 'load_average', 'error')
 
 
 def table(rows: list[dict]) -> str:
