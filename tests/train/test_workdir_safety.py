@@ -106,8 +106,8 @@ def test_a_gs_workdir_trains_stops_and_resumes_in_the_bucket(
 
   names = gcs.objects(gcs_bucket)
   top = {name.split('/')[1] for name in names}
-  assert top == {'checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
-                 'tokenizer', 'tokenizer.sha256'}, names
+  assert top == {'checkpoints', 'config.json', 'data.json', 'metrics.jsonl',
+                 'tensorboard', 'tokenizer', 'tokenizer.sha256'}, names
   steps = {name.split('/')[2] for name in names
            if name.startswith('run/checkpoints/')}
   assert steps == {'3', '4', '6'}, sorted(steps)  # keep_checkpoints=3
