@@ -33,8 +33,9 @@ from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import MODELS
 
-HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
-HF_INDEX = HF_WEIGHTS + '.index.json'
+HF_CONFIG, HF_WEIGHTS, HF_INDEX = (hf_families.HF_CONFIG,
+                                   hf_families.HF_WEIGHTS,
+                                   hf_families.HF_INDEX)
 # Fields a run takes from its own config, whatever the checkpoint's were.
 RUNTIME_FIELDS = (*run.RUNTIME_MODEL_FIELDS, 'param_dtype')
 

@@ -32,8 +32,9 @@ from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.runtime import storage
 
-HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
-HF_INDEX = HF_WEIGHTS + '.index.json'
+HF_CONFIG, HF_WEIGHTS, HF_INDEX = (hf_families.HF_CONFIG,
+                                   hf_families.HF_WEIGHTS,
+                                   hf_families.HF_INDEX)
 # transformers' own default for save_pretrained(max_shard_size='5GB').
 MAX_SHARD_BYTES = 5 * 10 ** 9
 

@@ -33,6 +33,11 @@ import numpy as np
 from jax_transformer.errors import UsageError
 from jax_transformer.model.config import ModelConfig
 
+# The files of a Hugging Face model folder that hold its config and weights
+# (the index names the shards of a sharded set).
+HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
+HF_INDEX = HF_WEIGHTS + '.index.json'
+
 Arrays = Sequence[np.ndarray]
 
 

@@ -47,7 +47,7 @@ from safetensors.numpy import save_file
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_export, torch_compat
+from jax_transformer.interop import hf_export, hf_families, torch_compat
 from jax_transformer.model import lora
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
@@ -59,7 +59,7 @@ from jax_transformer.workdirs.restore import Trained
 FORMATS = ('torch', 'hf', 'safetensors')
 TORCH_FORMAT = 'jax_transformer.torch'
 SAFETENSORS_FORMAT = 'jax_transformer'
-HF_CONFIG, HF_WEIGHTS = 'config.json', 'model.safetensors'
+HF_CONFIG, HF_WEIGHTS = hf_families.HF_CONFIG, hf_families.HF_WEIGHTS
 CONFIG_SUFFIX, TOKENIZER_SUFFIX = '.json', '.tokenizer'
 TOLERANCE = 1e-4
 
