@@ -131,13 +131,13 @@ def sample_from_own_data(values: flags.FlagValues) -> None:
   validation document: ``evaluating.data_prompt``) where --config.data.name
   names other data than the recipe's and --config.sample.prompt is not
   given: the recipe's prompt (Shakespeare's 'ROMEO:') is its data's."""
-  from jax_transformer.train import evaluating  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import recipes  # pylint: disable=g-import-not-at-top
   try:
     given = set(config_flags.get_override_values(values['config']))
   except Exception:  # pylint: disable=broad-except
     return
-  evaluating.prompt_for_own_data(values.config, given,
-                                 lambda: cli.load_config(CONFIG_SPEC[0]))
+  recipes.prompt_for_own_data(values.config, given,
+                              lambda: cli.load_config(CONFIG_SPEC[0]))
 
 
 @cli.entry_point(PROG)

@@ -145,29 +145,30 @@ def row(suite: str, name: str, cfg, proof: prove.Proof) -> dict:
 
 
 def size_suite(args):
-  from jax_transformer.compile import prove  # pylint: disable=g-import-not-at-top
+  from jax_transformer.compile import lowering, prove  # pylint: disable=g-import-not-at-top
   for name in args.models.split(','):
     variants = [dict(remat=r) for r in ('none', 'dots', 'full')]
     if name == '1.3b':
       variants.append(dict(remat='dots', param_dtype='bfloat16'))
     for changes in variants:
       cfg = config(name, args, **changes)
-      yield row('size', name, cfg, prove.prove(cfg, VOCAB))
+      proof = prove.prove(lowering.lower_here(cfg, VOCAB))
+      yield row('size', name, cfg, proof)
 
 
 def depth_suite(args):
   """Scanned compiles take seconds, so host noise matters: they run
   --repeats rounds, interleaved over depths (the table gives medians).
   Unrolled ones take minutes and run once."""
-  from jax_transformer.compile import prove  # pylint: disable=g-import-not-at-top
+  from jax_transformer.compile import lowering, prove  # pylint: disable=g-import-not-at-top
   depths = [int(x) for x in args.depths.split(',')]
   for round_ in range(args.repeats):
     for layers in depths:
       for scan in (True, False) if round_ == 0 else (True,):
         cfg = config('350m', args, num_decoder_layers=layers,
                      scan_layers=scan)
-        yield dict(row('depth', '350m', cfg, prove.prove(cfg, VOCAB)),
-                   round=round_)
+        proof = prove.prove(lowering.lower_here(cfg, VOCAB))
+        yield dict(row('depth', '350m', cfg, proof), round=round_)
 
 
 def medians(rows: list[dict]) -> list[dict]:

@@ -35,6 +35,7 @@ import numpy as np
 from jax_transformer import cli
 from jax_transformer.data import datasets, sources
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime import exits
 
 PROG = 'prepare_data.py'
@@ -147,7 +148,8 @@ def check_rows(cfg, prepared) -> None:
   step (data/preflight.py): its line, and a warning where the lengths
   above exceed the run's rows (a refusal, there, is a warning here)."""
   from jax_transformer.data import pipeline  # pylint: disable=g-import-not-at-top
-  for report in pipeline.training_preflight(cfg, prepared.tokenizer):
+  batches = Experiment.of(cfg).train_batches
+  for report in pipeline.training_preflight(batches, prepared.tokenizer):
     print(f'at the run\'s rows: {report.line()}')
     warning = report.warning()
     try:

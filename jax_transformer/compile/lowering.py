@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax_transformer.data import batching, files
 from jax_transformer.experiment import Experiment
 from jax_transformer.model import attention, sharding
-from jax_transformer.train import checks, memory, model_setup, run_plan
+from jax_transformer.runtime import targets
+from jax_transformer.train import memory, model_setup, run_plan
 
 
 def abstract_batch(cfg: Experiment,
@@ -88,13 +89,22 @@ class TrainLowering:
     return self.plan.estimate
 
 
+def lower_here(cfg: Experiment, vocab_size: int, devices=None
+               ) -> TrainLowering:
+  """cfg's train step lowered on a mesh of this host's ``devices``
+  (default all), for the kernels their platform runs."""
+  devices = list(devices or jax.devices())
+  return lower_train(cfg, devices,
+                     targets.kernel_platform(devices[0].platform), vocab_size)
+
+
 def lower_train(cfg: Experiment, devices: list,
                 platform: str, vocab_size: int = 32768,
                 setup: model_setup.Setup | None = None) -> TrainLowering:
   """cfg's train step lowered on a mesh of devices for platform ('tpu',
   'gpu' or 'cpu'), and the pre-flight estimate (``setup`` reuses one
   built for cfg's model and optimizer)."""
-  cfg = checks.check_fields(cfg)
+  cfg = run_plan.checked(cfg)
   mesh = sharding.make_mesh(cfg.mesh.sizes, devices)
   sharding.check_batch(cfg.batch_size, mesh)
   plan = run_plan.build(cfg, mesh, vocab_size, setup, platform)

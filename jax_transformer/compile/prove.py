@@ -12,11 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax
-
 from jax_transformer.compile import lowering
-from jax_transformer.experiment import Experiment
-from jax_transformer.runtime import targets
 from jax_transformer.train import memory
 
 
@@ -31,15 +27,10 @@ class Proof:
   xla: memory.Compiled | None     # XLA's figure, per device
 
 
-def prove(cfg: Experiment, vocab_size: int,
-          devices=None) -> Proof:
-  """Lowers and compiles cfg's train step on a mesh of ``devices`` (default
-  all), with vocab_size standing in for the tokenizer's. Nothing is
-  allocated on the devices."""
-  cfg = Experiment.of(cfg)
-  devices = list(devices or jax.devices())
-  run = lowering.lower_train(
-      cfg, devices, targets.kernel_platform(devices[0].platform), vocab_size)
+def prove(run: lowering.TrainLowering) -> Proof:
+  """Compiles a lowered train step (``lowering.lower_here``: a config's
+  step on a mesh of this host's devices, with a stand-in vocabulary).
+  Nothing is allocated on the devices."""
   start = time.perf_counter()
   compiled = run.lowered.compile()
   return Proof(

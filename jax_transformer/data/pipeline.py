@@ -60,6 +60,7 @@ from jax_transformer.data.splits import (  # noqa: F401
 from jax_transformer.data.tokenizers import ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig
+from jax_transformer.experiment.parts import TrainBatches
 
 DIRECTIONS = ('en-de', 'de-en')
 
@@ -127,15 +128,15 @@ def training_rows(data_cfg: Any, *, seq_len: int, batch_size: int
                               batch_size=batch_size)
 
 
-def training_preflight(cfg: Any, tokenizer: Tokenizer, *,
+def training_preflight(batches: TrainBatches, tokenizer: Tokenizer, *,
                        sample: int = preflight.SAMPLE) -> list[Any]:
-  """Before the first step: what the training split of an experiment
-  config (each source of a mixture) gives in its rows, measured on up to
+  """Before the first step: what the training split of a run's batches
+  (each source of a mixture) gives in its rows, measured on up to
   ``sample`` examples of its token store (written first where missing):
   ``preflight.Report`` (or ``StreamReport``) with the pre-flight line,
   the warning and the refusal (``check``)."""
-  d = DataConfig.of(cfg.data)
-  batch_size, seq_len = cfg.batch_size, cfg.seq_len
+  d = DataConfig.of(batches.data)
+  batch_size, seq_len = batches.batch_size, batches.seq_len
   parts = sources.source_for(d).parts
   weights = sum(p.weight for p in parts)
   todo = [(p.data, p.train_split, p.label,
@@ -237,27 +238,27 @@ class Batches:
       self._it.close()
 
 
-def train_iterator(cfg: Any, tokenizer: Tokenizer, **batching: Any
-                   ) -> Batches:
-  """The training batches of an experiment config: ``cfg.data`` on its
-  ``train_split``, ``cfg.batch_size`` rows of ``cfg.seq_len``, shuffled by
-  ``cfg.seed``, built by ``data.worker_count`` processes. ``batching``
+def train_iterator(batches: TrainBatches, tokenizer: Tokenizer,
+                   **batching: Any) -> Batches:
+  """A run's training batches (``Experiment.train_batches``): its data on
+  its ``train_split``, ``batch_size`` rows of ``seq_len``, shuffled by
+  ``seed``, built by ``data.worker_count`` processes. ``batching``
   adds or overrides ``make_dataset``'s keyword arguments. With
   ``data.accept_changed_corpus`` (left on by the trainer only where the
   corpus did change since the checkpoint), ``set_state`` keeps the fresh
   stream."""
-  d = DataConfig.of(cfg.data)
+  d = DataConfig.of(batches.data)
   it = make_iterator(
       d, d.train_split, tokenizer, worker_count=d.worker_count,
       worker_buffer_size=d.worker_buffer_size,
-      **{'batch_size': cfg.batch_size, 'seq_len': cfg.seq_len,
-         'seed': cfg.seed, **batching})
+      **{'batch_size': batches.batch_size, 'seq_len': batches.seq_len,
+         'seed': batches.seed, **batching})
   it.restart = bool(d.accept_changed_corpus)
   return it
 
 
-def initial_state(cfg: Any) -> dict[str, Any]:
-  """What ``train_iterator(cfg, ...).get_state()`` gives before the first
+def initial_state(batches: TrainBatches) -> dict[str, Any]:
+  """What ``train_iterator(batches, ...).get_state()`` gives before the first
   batch, without reading the dataset (for a checkpoint written outside
   training, e.g. of imported parameters).
 
@@ -265,13 +266,13 @@ def initial_state(cfg: Any) -> dict[str, Any]:
   the examples, so it is taken from the same pipeline over a one-example
   stand-in source, tokenized as bytes.
   """
-  data_cfg = DataConfig.of(cfg.data)
+  data_cfg = DataConfig.of(batches.data)
   spec = sources.spec_for(data_cfg)
   if spec.task == 'translation':
     example = dict.fromkeys(translation_keys(spec, data_cfg.direction), 'a')
   else:  # enough tokens for one window of a stream
-    example = {spec.text_key: 'a' * (cfg.seq_len + 1)}
-  it = train_iterator(cfg, ByteTokenizer(), process_index=0, process_count=1,
+    example = {spec.text_key: 'a' * (batches.seq_len + 1)}
+  it = train_iterator(batches, ByteTokenizer(), process_index=0, process_count=1,
                       source=[example])
   try:
     return it.get_state()

@@ -3,20 +3,22 @@ its check, without JAX (config files read it before JAX starts).
 
 ``run`` (:class:`Experiment`, :func:`base_config`), ``data``
 (:class:`DataConfig`), ``parts`` (LoRA, mesh, optimizer, sample, profile,
-a step's shape).
+a step's shape, the training batches, the evaluation).
 """
 
 from jax_transformer.experiment.data import DataConfig
 from jax_transformer.experiment.parts import (
+  EvalConfig,
   LoraConfig,
   MeshConfig,
   OptimConfig,
   ProfileConfig,
   SampleConfig,
   StepShape,
+  TrainBatches,
 )
 from jax_transformer.experiment.run import Experiment, base_config
 
-__all__ = ['DataConfig', 'Experiment', 'LoraConfig', 'MeshConfig',
-           'OptimConfig', 'ProfileConfig', 'SampleConfig', 'StepShape',
-           'base_config']
+__all__ = ['DataConfig', 'EvalConfig', 'Experiment', 'LoraConfig',
+           'MeshConfig', 'OptimConfig', 'ProfileConfig', 'SampleConfig',
+           'StepShape', 'TrainBatches', 'base_config']

@@ -106,6 +106,11 @@ class DataConfig:
   def check(self) -> None:
     """Refuses in one sentence a field no dataset could use (what the
     dataset itself needs is checked by its source, ``sources.source_for``)."""
+    if self.data_dir and '://' in self.data_dir:
+      # TFDS's array_record reader opens local files only.
+      raise UsageError(f'config.data.data_dir={self.data_dir}: prepared '
+                       'data must be on a local or mounted path (object '
+                       'storage works for --workdir).')
     if self.chat_train not in ('all', 'last'):
       raise UsageError("config.data.chat_train must be 'all' or 'last', got "
                        f'{self.chat_train!r}.')

@@ -6,7 +6,9 @@ and its checks (``config.lora``, ``config.mesh``, ``config.optim``,
 Read before JAX starts (a target's compiler must start first), so nothing
 here imports it; what each part builds is built in its own room:
 ``optim.build(config.optim, ...)``, ``lora.apply(config.lora, ...)``,
-``sharding.make_mesh(config.mesh.sizes, ...)``.
+``sharding.make_mesh(config.mesh.sizes, ...)``. Beside them, the views a
+room reads instead of the whole experiment: ``StepShape`` (figures),
+``TrainBatches`` (the data room), ``EvalConfig`` (evaluation).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment.data import DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +149,44 @@ class StepShape:
   batch_size: int   # rows per step, over all devices
   source_len: int   # source tokens per row (0: a decoder-only LM)
   seq_len: int      # target tokens per row
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatches:
+  """The training batches of a run (``Experiment.train_batches``): data's
+  train split in batch_size rows of seq_len tokens, shuffled by seed."""
+  data: DataConfig
+  batch_size: int
+  seq_len: int
+  seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """What a run's evaluations and its last sample read
+  (``Experiment.evaluation``): after every ``every``-th logged step (and
+  the last, ``num_steps``) the loss over ``max_batches`` (None: all)
+  batches of ``batch_size`` rows of ``seq_len`` tokens of data's
+  evaluation split, for translation greedy BLEU on its first
+  ``bleu_examples`` sentences; at the end ``sample``, seeded by seed."""
+  data: DataConfig
+  translation: bool  # an encoder-decoder run
+  batch_size: int
+  seq_len: int
+  max_batches: int | None
+  bleu_examples: int
+  every: int
+  log_every: int
+  num_steps: int
+  sample: SampleConfig
+  seed: int
+
+  def due(self, step: int) -> bool:
+    """Whether step is evaluated after it (every ``every``, and the
+    last); a step not logged (log_every) is not."""
+    last = step == self.num_steps
+    logged = step % self.log_every == 0 or last
+    return step > 0 and logged and (step % self.every == 0 or last)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,13 +35,16 @@ from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig
 from jax_transformer.experiment.parts import (
+  EvalConfig,
   LoraConfig,
   MeshConfig,
   OptimConfig,
   ProfileConfig,
   SampleConfig,
   StepShape,
+  TrainBatches,
 )
+from jax_transformer.experiment.paths import absolute_paths
 from jax_transformer.model import config as model_config_lib
 from jax_transformer.model.config import ModelConfig
 
@@ -135,6 +138,12 @@ class Experiment:
     """Nested dicts of plain values, as a workdir's config.json holds."""
     return fields.to_dict(self)
 
+  def saved_form(self) -> dict[str, Any]:
+    """What a workdir's config.json holds: ``to_dict()`` with init_from
+    and the data's paths absolute (``experiment.paths``), so that the
+    workdir reads the same from any directory."""
+    return absolute_paths(self).to_dict()
+
   def replace(self, **changes: Any) -> Experiment:
     """A copy with top-level fields or parts replaced; a dotted name
     replaces a field of a part: ``replace(**{'optim.z_loss': 1e-4})``."""
@@ -155,6 +164,19 @@ class Experiment:
   def step_shape(self) -> StepShape:
     """The tokens of one train step's batch."""
     return StepShape(self.batch_size, self.source_len, self.seq_len)
+
+  @property
+  def train_batches(self) -> TrainBatches:
+    """What the training batches are made from (data.train_iterator)."""
+    return TrainBatches(self.data, self.batch_size, self.seq_len, self.seed)
+
+  @property
+  def evaluation(self) -> EvalConfig:
+    """What the periodic evaluation and the last sample read."""
+    return EvalConfig(self.data, self.model_kind == 'encoder_decoder',
+                      self.eval_batch_size, self.seq_len, self.eval_steps,
+                      self.eval_bleu_examples, self.eval_every,
+                      self.log_every, self.num_steps, self.sample, self.seed)
 
   @property
   def optimizer_updates(self) -> int:
@@ -197,8 +219,11 @@ class Experiment:
 
   def changed_since(self, saved: Experiment) -> str | None:
     """None where this run may resume ``saved``'s workdir, else the part
-    that changed and its fields ('model (d_ff)')."""
-    old, new = saved.kept_by_resume(), self.kept_by_resume()
+    that changed and its fields ('model (d_ff)'). Paths are compared
+    absolute (an old config.json's relative ones from the current
+    directory)."""
+    old = absolute_paths(saved).kept_by_resume()
+    new = absolute_paths(self).kept_by_resume()
     for key in ('model_kind', 'model', 'data', 'lora'):
       if old.get(key) != new.get(key):
         both = isinstance(old.get(key), dict) and isinstance(new.get(key),
@@ -212,7 +237,7 @@ class Experiment:
     """Refuses in one sentence, before any data is prepared or any step
     compiled, a field no run can use: the run's counts, intervals and
     paths, then each part's own checks (what needs the data room, such as
-    a 'files' glob that matches nothing, is ``train.checks.check_fields``).
+    a 'files' glob that matches nothing, is ``train.run_plan.checked``).
     """
     for name in POSITIVE_FIELDS:
       _positive_int(name, getattr(self, name))

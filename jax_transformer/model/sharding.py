@@ -85,7 +85,7 @@ def make_mesh(sizes: Mapping[str, int],
   holds the same block of the mesh, laid out on its fast links (ICI,
   NVLink), and only 'data' and 'fsdp' cross between them, in the outer part
   of each, as ``sizes['dcn_data']`` and ``sizes['dcn_fsdp']`` say. The run
-  (``checks.check_experiment``) and the compile for a target
+  (``run_plan.mesh_for``) and the compile for a target
   (``compile.lowering.lower_train``) both build their mesh here, so what a
   target's compiler proved is what runs.
   """

@@ -31,8 +31,7 @@ from jax.experimental import multihost_utils
 from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import Experiment
-from jax_transformer.experiment.paths import absolute_paths
+from jax_transformer.experiment import DataConfig, Experiment
 from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
 from jax_transformer.runtime import storage
@@ -367,19 +366,18 @@ def _own_data_state(states: list[Any]) -> Any:
   return states[jax.process_index() % len(states)]
 
 
-def save_side_files(workdir: str | WorkdirPaths, cfg: Experiment,
-                    tokenizer) -> None:
-  """config.json (its paths absolute: ``experiment.paths``) and data.json
-  (what the run reads: ``data.corpus``), and once tokenizer/ with its
-  fingerprint, beside the checkpoints (process 0 only; ``tokenizer`` from
-  ``run_tokenizer``)."""
+def save_side_files(workdir: str | WorkdirPaths, config: dict[str, Any],
+                    data_config: DataConfig, tokenizer) -> None:
+  """config.json (``config``: ``Experiment.saved_form()``, its paths
+  absolute) and data.json (what data_config reads: ``data.corpus``), and
+  once tokenizer/ with its fingerprint, beside the checkpoints (process 0
+  only; ``tokenizer`` from ``run_tokenizer``)."""
   paths = resolve(workdir)
   paths.root.mkdir(parents=True, exist_ok=True)
   storage.write_atomic(paths.config,
-                       json.dumps(absolute_paths(Experiment.of(cfg)).to_dict(),
-                                  indent=2, sort_keys=True))
+                       json.dumps(config, indent=2, sort_keys=True))
   try:
-    record = corpus.record(cfg.data)
+    record = corpus.record(data_config)
   except (UsageError, OSError):  # an import's config naming no files here
     record = None
   if record is not None:

@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 from jax_transformer import data, decoding
 from jax_transformer.data.batching import markers
 from jax_transformer.decoding import sampling
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import EvalConfig
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train import evaluation
 from jax_transformer.train import metrics as metrics_lib
@@ -31,9 +31,9 @@ class Evaluation:
   watch, paused while the first evaluation compiles its steps."""
   part = 'eval'
 
-  def __init__(self, cfg: Experiment, eval_step, preemption,
+  def __init__(self, config: EvalConfig, eval_step, preemption,
                watch, evaluate_fn=None):
-    self._cfg = cfg
+    self._config = config
     self._eval_step = eval_step
     self._preemption = preemption
     self._watch = watch
@@ -43,7 +43,7 @@ class Evaluation:
   def start(self, run) -> None:
     """Finishes the evaluation of the step resumed from, when a stop
     signal had saved that step without it."""
-    if not (is_eval_step(run.step, self._cfg)
+    if not (self._config.due(run.step)
             and evaluation_abandoned(run.workdir, run.step)):
       return
     row = logged_row(run.workdir, run.step)
@@ -58,7 +58,7 @@ class Evaluation:
             'signal had interrupted.')
 
   def row(self, run, row: dict) -> None:
-    if not is_eval_step(run.step, self._cfg):
+    if not self._config.due(run.step):
       return
     try:
       row.update(self._evaluate_at(run))
@@ -78,8 +78,9 @@ class Evaluation:
                  else self._watch.paused())
     with compiling:
       try:
-        return self._evaluate(self._eval_step, run.state['params'], self._cfg,
-                              run.tokenizer, run.mesh, run.setup, stop=stop)
+        return self._evaluate(self._eval_step, run.state['params'],
+                              self._config, run.tokenizer, run.mesh,
+                              run.setup, stop=stop)
       finally:
         self._compiled = True
 
@@ -88,45 +89,45 @@ class Sample:
   """The sample a finished run ends with (config.sample)."""
   part = 'eval'
 
-  def __init__(self, cfg: Experiment, preemption):
-    self._cfg = cfg
+  def __init__(self, config: EvalConfig, preemption):
+    self._config = config
     self._preemption = preemption
 
   def completed(self, run) -> None:
     if not (run.finished_now and run.stop is None
-            and self._cfg.sample.enabled):
+            and self._config.sample.enabled):
       return
     if self._preemption.requested:  # during the last save: exit now
       run.log(f'{self._preemption.requested} after the last save: finished, '
               'without the sample.')
       return
     run.log('\nSample:\n' + sample(run.setup, run.state['params'],
-                                    run.tokenizer, self._cfg))
+                                    run.tokenizer, self._config))
 
 
-def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
-             ) -> dict[str, float]:
+def evaluate(eval_step, params, config: EvalConfig, tokenizer, mesh,
+             setup=None, stop=None) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
-  config.eval_steps batches; for a mixture, over each source's and all of
-  them together); for translation also greedy BLEU and chrF on
-  its first config.eval_bleu_examples sentences.
+  config.max_batches batches; for a mixture, over each source's and all
+  of them together); for translation also greedy BLEU and chrF on its
+  first config.bleu_examples sentences.
 
   stop(count) -> True (checked between batches) abandons the evaluation:
   raises evaluation.Interrupted.
   """
-  score = (evaluation.mixture_loss_metrics if cfg.data.mixture
+  score = (evaluation.mixture_loss_metrics if config.data.mixture
            else evaluation.loss_metrics)  # per source too (data/mixture.py)
-  metrics = score(eval_step, params, cfg.data, tokenizer, mesh,
-                  (cfg.eval_batch_size, cfg.seq_len),
-                  max_batches=cfg.eval_steps, stop=stop)
-  n = cfg.eval_bleu_examples
-  if cfg.model_kind == 'encoder_decoder' and n > 0 and setup is not None:
+  metrics = score(eval_step, params, config.data, tokenizer, mesh,
+                  (config.batch_size, config.seq_len),
+                  max_batches=config.max_batches, stop=stop)
+  n = config.bleu_examples
+  if config.translation and n > 0 and setup is not None:
     if stop is not None and stop(0):
       raise evaluation.Interrupted('stopped before the BLEU check')
     params = multihost_utils.process_allgather(params, tiled=True)
     metrics.update(evaluation.bleu_metrics(
-        setup.model_def.merge(params), tokenizer, cfg.data, n,
-        batch_size=cfg.eval_batch_size))
+        setup.model_def.merge(params), tokenizer, config.data, n,
+        batch_size=config.batch_size))
   return metrics
 
 
@@ -134,71 +135,51 @@ def evaluate(eval_step, params, cfg, tokenizer, mesh, setup=None, stop=None
 DATA_PROMPT_CHARS = 40
 
 
-def prompt_for_own_data(cfg, given, recipe) -> None:
-  """Empties ``cfg.sample.prompt`` (a ConfigDict's; the sample then starts
-  from a validation document, ``data_prompt``) where ``given``, the fields
-  set on the command line, holds ``data.name`` naming other data than
-  ``recipe()`` (the recipe's ConfigDict) and not ``sample.prompt``: the
-  recipe's prompt (``'ROMEO:'``) belongs to the recipe's data."""
-  if 'data.name' not in given or 'sample.prompt' in given:
-    return
-  if cfg.data.name != recipe().data.name:
-    cfg.sample.prompt = ''
-
-
-def data_prompt(cfg) -> str:
+def data_prompt(config: EvalConfig) -> str:
   """The prompt of a run whose config.sample.prompt is empty (train.py
   empties the recipe's for a run on other data than the recipe's): the
   start of the first document of its evaluation split, its first line
   (an LM's cut at a space within DATA_PROMPT_CHARS); '' where there is
   none (instruction data, or a split that cannot be read)."""
   try:
-    spec = data.spec_for(cfg.data)
+    spec = data.spec_for(config.data)
     if tuple(spec.text_features) == ('prompt', 'completion'):
       return ''
-    source = data.load_source(spec, cfg.data.eval_split or 'validation',
-                              cfg.data.data_dir)
+    source = data.load_source(spec, config.data.eval_split or 'validation',
+                              config.data.data_dir)
     text = data.datasets.as_text(source[0][spec.text_features[0]])
   except Exception:  # pylint: disable=broad-except
     return ''
   line = next((s.strip() for s in text.splitlines() if s.strip()), '')
-  if cfg.model_kind == 'encoder_decoder' or len(line) <= DATA_PROMPT_CHARS:
+  if config.translation or len(line) <= DATA_PROMPT_CHARS:
     return line
   return line[:DATA_PROMPT_CHARS].rsplit(' ', 1)[0] or line[
       :DATA_PROMPT_CHARS]
 
 
-def sample(setup, params, tokenizer, cfg) -> str:
+def sample(setup, params, tokenizer, config: EvalConfig) -> str:
   """A sample from the trained model (LM: continues config.sample.prompt;
   translation: translates it), decoded to text. An empty prompt is the
   start of a validation document (``data_prompt``)."""
   params = multihost_utils.process_allgather(params, tiled=True)
   model = setup.model_def.merge(params)
-  s = cfg.sample
-  prompt = s.prompt or data_prompt(cfg)
+  s = config.sample
+  prompt = s.prompt or data_prompt(config)
   ids = tokenizer.encode(prompt)
   bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
   sampler = sampling.Sampler(s.temperature, s.top_k or None)
-  key = jax.random.key(cfg.seed)
-  if cfg.model_kind == 'encoder_decoder':
+  key = jax.random.key(config.seed)
+  if config.translation:
     out = decoding.generate(model, src_ids=[data.translation_source(ids, eos)],
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
-  stream = data.spec_for(cfg.data).lm_mode == 'stream'
+  stream = data.spec_for(config.data).lm_mode == 'stream'
   # Nothing to continue: a stream starts a document after an EOS.
   row = data.lm_prompt(ids, stream, bos) or [eos]
   out = decoding.generate(model, [row], max_new_tokens=s.max_new_tokens,
                           sampler=sampler, key=key)
   return prompt + tokenizer.decode(decoding.row_tokens(out, 0))
-
-
-def is_eval_step(step: int, cfg: Experiment) -> bool:
-  """Whether step is evaluated after it (every eval_every, and the last);
-  a step not logged (log_every) is not."""
-  logged = step % cfg.log_every == 0 or step == cfg.num_steps
-  return step > 0 and logged and (step % cfg.eval_every == 0
-                                  or step == cfg.num_steps)
 
 
 def evaluation_abandoned(workdir: WorkdirPaths, step: int) -> bool:

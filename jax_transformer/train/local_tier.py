@@ -41,7 +41,6 @@ from orbax.checkpoint.experimental.emergency.p2p import (
 from orbax.checkpoint.experimental.emergency.p2p import options as p2p_options
 
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora
 from jax_transformer.runtime import distributed, storage
 from jax_transformer.runtime.workdir import WorkdirPaths
@@ -84,10 +83,10 @@ class DataPosition:
     self.state = json.loads(state)
 
 
-def check_paths(cfg: Experiment, workdir: WorkdirPaths) -> None:
-  """Refuses a local directory inside the workdir (that is the persistent
-  tier's disk, and evaluate/export would see half a tier there)."""
-  local = cfg.local_checkpoint_dir
+def check_paths(local: str | None, workdir: WorkdirPaths) -> None:
+  """Refuses a local directory (config.local_checkpoint_dir) inside the
+  workdir (that is the persistent tier's disk, and evaluate/export would
+  see half a tier there)."""
   if not local or storage.is_remote(os.fspath(workdir.root)):
     return
   inner = os.path.realpath(os.path.abspath(local))
@@ -204,21 +203,21 @@ def _tree(state: dict[str, Any]) -> dict[str, Any]:
           'train': {k: v for k, v in state.items() if k != 'params'}}
 
 
-def open_tier(cfg: Experiment, mesh, workdir: WorkdirPaths
-              ) -> LocalTier | None:
-  """The run's local tier, or None where config.local_checkpoint_dir is
-  off. Refused on every process where one host's directory holds another
+def open_tier(directory: str | None, every: int | None, mesh,
+              workdir: WorkdirPaths) -> LocalTier | None:
+  """The run's local tier in directory (config.local_checkpoint_dir),
+  saved every ``every`` steps, or None where directory is None (off).
+  Refused on every process where one host's directory holds another
   workdir's steps."""
-  if not cfg.local_checkpoint_dir:
+  if not directory:
     return None
   try:
-    claim(cfg.local_checkpoint_dir, workdir)
+    claim(directory, workdir)
   except UsageError as err:
     distributed.all_passed('local tier', str(err))
     raise
   distributed.all_passed('local tier')
-  return LocalTier(cfg.local_checkpoint_dir, mesh,
-                   cfg.local_checkpoint_every)
+  return LocalTier(directory, mesh, every)
 
 
 def claim(directory: str, workdir: WorkdirPaths) -> None:

@@ -1,5 +1,6 @@
 """What experiment configs share: the base fields, the paper's recipe,
-GPT-2 small's recipe and the scale-up helper.
+GPT-2 small's recipe, the scale-up helper, and the recipe's sample prompt
+on other data.
 
 Each file in ``configs/`` builds its ``ml_collections.ConfigDict`` from
 these and imports nothing but ``jax_transformer``, so it loads by path from
@@ -97,3 +98,16 @@ def scale_up(c: ConfigDict, **model) -> ConfigDict:
   c.loss_chunk_size = 262144
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   return c
+
+
+def prompt_for_own_data(config: ConfigDict, given: set[str],
+                        recipe: Callable[[], ConfigDict]) -> None:
+  """Empties ``config.sample.prompt`` (the sample then starts from a
+  validation document, ``train.evaluating.data_prompt``) where ``given``,
+  the fields set on the command line, holds ``data.name`` naming other
+  data than ``recipe()`` (the recipe's ConfigDict) and not
+  ``sample.prompt``: the recipe's prompt ('ROMEO:') is its data's."""
+  if 'data.name' not in given or 'sample.prompt' in given:
+    return
+  if config.data.name != recipe().data.name:
+    config.sample.prompt = ''

@@ -17,8 +17,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
+from jax_transformer import data
 from jax_transformer.experiment import Experiment
-from jax_transformer.model import attention
+from jax_transformer.model import attention, sharding
+from jax_transformer.runtime import devices as jax_devices
 from jax_transformer.train import memory, model_setup, steps
 
 
@@ -61,6 +63,32 @@ class RunPlan:
     """A new train state, made already sharded."""
     return jax.jit(lambda: self.setup.init_state(self.exp.seed),
                    out_shardings=self.shardings)()
+
+
+def checked(exp: Any) -> Experiment:
+  """exp typed, after its fields' checks (``Experiment.check``) and its
+  data's (``data.check_config``: the dataset it names, a 'files' glob
+  that matches nothing, its mixture, its tokenizer_path); all before any
+  data is prepared."""
+  exp = Experiment.of(exp)
+  exp.check()
+  data.check_config(exp.data)
+  return exp
+
+
+def mesh_for(exp: Experiment, devices=None) -> Mesh:
+  """exp's mesh over devices (default all), after refusing in one
+  sentence a model or a mesh that cannot work (before any data is
+  prepared: the vocabulary is not known yet, a stand-in size checks the
+  rest), accelerators that are not there, or batches the mesh cannot
+  split."""
+  exp.model_config(1)
+  if devices is None:
+    jax_devices.check_accelerators(exp.mesh.sizes)
+  mesh = sharding.make_mesh(exp.mesh.sizes, devices)
+  for size in (exp.batch_size, exp.eval_batch_size):
+    sharding.check_batch(size, mesh)
+  return mesh
 
 
 def build(exp: Any, mesh: Mesh, vocab_size: int,

@@ -34,7 +34,6 @@ from jax_transformer.runtime.workdir import (
 )
 from jax_transformer.train import (
   checkpoint,
-  checks,
   evaluating,
   finite,
   first_step,
@@ -84,14 +83,14 @@ def train_and_evaluate(cfg: Experiment | Any,
   # Everything that can be refused is, before any data is prepared (the
   # same on every process: no agreement needed).
   explicit = init_from.command_line_overrides(cfg)  # train.py's ConfigDict
-  cfg = checks.check_fields(cfg)
+  cfg = run_plan.checked(cfg)
   workdir = resolve(workdir)  # one value from here on: see runtime.workdir
   # config.init_from's model fields
   cfg = init_from.resolve_config(cfg, workdir, explicit)
   # data.accept_changed_corpus left on only where the corpus changed.
-  cfg = checks.check_resumable(cfg, workdir)
-  mesh = checks.check_experiment(cfg)
-  local_tier.check_paths(cfg, workdir)
+  cfg = check_resumable(cfg, workdir)
+  mesh = run_plan.mesh_for(cfg)
+  local_tier.check_paths(cfg.local_checkpoint_dir, workdir)
   # What the workdir held before this start (None: no such folder).
   before = storage.names(workdir.root)
   # Ends this process with one line if another one is lost (liveness.py).
@@ -108,7 +107,8 @@ def train_and_evaluate(cfg: Experiment | Any,
   try:
     # Refuses a local directory that hosts share or that another run's
     # steps are in (collectives).
-    local = local_tier.open_tier(cfg, mesh, workdir)
+    local = local_tier.open_tier(cfg.local_checkpoint_dir,
+                                 cfg.local_checkpoint_every, mesh, workdir)
     run, compile_step = _start(cfg, workdir, mesh, (checkpointer, local),
                                writer, hooks, stop)
     run_steps(run, compile_step)
@@ -128,6 +128,36 @@ def train_and_evaluate(cfg: Experiment | Any,
   if run.stop is not None:
     return {**run.row, 'interrupted': run.stop}
   return run.row
+
+
+def check_resumable(exp: Experiment | Any, workdir: str | WorkdirPaths
+                    ) -> Experiment:
+  """Refuses to resume a workdir trained with another model or data
+  (``Experiment.changed_since``, paths compared absolute: an old
+  config.json's relative ones from the current directory), or on files
+  that changed since it started unless config.data.accept_changed_corpus
+  says to go on (then one line says the data iterator starts afresh).
+  Returns exp with accept_changed_corpus True only where that applies,
+  which ``data.train_iterator`` reads."""
+  exp = Experiment.of(exp)
+  saved = checkpoint.load_config(workdir)
+  changed = saved and exp.changed_since(saved)
+  if changed:
+    raise UsageError(f'{workdir} holds a run with a different config.'
+                     f'{changed}; use a new --workdir or the same config to '
+                     'resume.')
+  what = saved and corpus.change(corpus.read(resolve(workdir).root),
+                                 corpus.record(exp.data))
+  if what and not exp.data.accept_changed_corpus:
+    raise UsageError(f'The corpus of {workdir} changed since this run '
+                     f'started: {what}; pass '
+                     '--config.data.accept_changed_corpus=true to go on with '
+                     'the new corpus, which restarts the data iterator.')
+  if what:
+    log(f'The corpus changed since this run started: {what}; going on with '
+        'it (config.data.accept_changed_corpus): the data iterator starts '
+        'afresh.')
+  return exp.replace(**{'data.accept_changed_corpus': bool(what)})
 
 
 def _start(cfg: Experiment, workdir: WorkdirPaths, mesh, tiers,
@@ -161,10 +191,11 @@ def _start(cfg: Experiment, workdir: WorkdirPaths, mesh, tiers,
                 'workdir has space')
   distributed.barrier('workdir read')  # nobody reads tokenizer/ while
   if jax.process_index() == 0:         # process 0 writes it
-    checkpoint.save_side_files(workdir, cfg, tokenizer)
+    checkpoint.save_side_files(workdir, cfg.saved_form(), cfg.data,
+                               tokenizer)
 
   with first.timed('data iterator'):
-    train_iter = data.train_iterator(cfg, tokenizer)
+    train_iter = data.train_iterator(cfg.train_batches, tokenizer)
   if resuming:
     with first.timed('restore'):
       state, data_state, tier = local_tier.restore_newest(
@@ -247,14 +278,14 @@ def make_hooks(run: Run, cfg: Experiment,
       metrics.Rows(run.setup, metrics.Throughput(
           cfg.step_shape, run.setup.model_config, cfg.peak_tflops),
           cfg.log_every, cfg.optim.grad_accum_steps),
-      evaluating.Evaluation(cfg, eval_step, stop, watch, evaluate),
+      evaluating.Evaluation(cfg.evaluation, eval_step, stop, watch, evaluate),
       *extra,
       finite.FiniteCheck(checkpointer,
                          cfg.optim.max_skipped_updates),
       stop,
       *([local_tier.LocalSaving(local)] if local else []),
       checkpoint.Saving(checkpointer, cfg.checkpoint_every),
-      evaluating.Sample(cfg, stop),
+      evaluating.Sample(cfg.evaluation, stop),
       watch,  # after the others: it watches their ends too
       goodput.TimeParts(run.clock),
   ]
@@ -372,7 +403,7 @@ def check_data(cfg: Experiment, tokenizer) -> None:
   (examples kept, cut and dropped at the run's rows, loss tokens per
   batch), a warning where many are cut or dropped, and a refusal in one
   sentence where nothing would train, before the model is built."""
-  reports = data.training_preflight(cfg, tokenizer)
+  reports = data.training_preflight(cfg.train_batches, tokenizer)
   for report in reports:
     log(report.line())
     warning = report.warning()

@@ -275,7 +275,7 @@ def write_workdir(workdir: str | WorkdirPaths, cfg: Experiment,
     setup = model_setup.build(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
-  data_state = data.initial_state(cfg)
+  data_state = data.initial_state(cfg.train_batches)
   save(workdir, cfg, tokenizer, setup.state_for(params, cfg.seed, step),
        data_state)
 
@@ -284,7 +284,8 @@ def save(workdir: str | WorkdirPaths, cfg: Experiment,
          tokenizer, state, data_state) -> None:
   """config.json, tokenizer/ and a checkpoint of state: the last step of
   an import, after everything that can be refused."""
-  checkpoint.save_side_files(workdir, cfg, tokenizer)
+  checkpoint.save_side_files(workdir, cfg.saved_form(), cfg.data,
+                             tokenizer)
   checkpointer = checkpoint.Checkpointer(workdir, async_save=False)
   try:
     checkpointer.save(state, data_state)
@@ -393,7 +394,7 @@ def import_hf(folder: str, path: str, cfg: Experiment,
     setup = model_setup.build(cfg, tokenizer.vocab_size)
   except ValueError as e:
     raise UsageError(str(e)) from None
-  data_state = data.initial_state(cfg)
+  data_state = data.initial_state(cfg.train_batches)
   plan = run_plan.build(cfg, local_mesh(setup), tokenizer.vocab_size, setup)
   state = init_from.Start(source, tokenizer).state(setup, cfg.seed,
                                                     plan.shardings)

@@ -6,8 +6,12 @@ scripts/compile_at_size.py does at 350M and 1.3B)."""
 import pytest
 
 from jax_transformer.cli import load_config
-from jax_transformer.compile import prove
+from jax_transformer.compile import lowering, prove
 from jax_transformer.train import memory
+
+
+def proved(cfg) -> prove.Proof:
+  return prove.prove(lowering.lower_here(cfg, vocab_size=256))
 
 
 def small(layers, scan, remat='dots'):
@@ -21,7 +25,7 @@ def small(layers, scan, remat='dots'):
 
 @pytest.mark.slow
 def test_compiles_at_fsdp_x_tensor_without_running():
-  proof = prove.prove(small(4, True), vocab_size=256)
+  proof = proved(small(4, True))
   assert proof.num_params > 0 and proof.compile_s > 0
   assert proof.xla is not None and proof.xla.total > 0
   # Matrices split 8 ways (norm scales and biases replicated; the layer
@@ -35,8 +39,8 @@ def test_compiles_at_fsdp_x_tensor_without_running():
 def test_scanned_step_does_not_grow_with_depth():
   """The compiled program's size, a proxy for compile time that no host
   noise changes: the same at 2 and 8 layers scanned, ~4x unrolled."""
-  scanned = [prove.prove(small(n, True), 256).instructions for n in (2, 8)]
-  unrolled = [prove.prove(small(n, False, 'none'), 256).instructions
+  scanned = [proved(small(n, True)).instructions for n in (2, 8)]
+  unrolled = [proved(small(n, False, 'none')).instructions
               for n in (2, 8)]
   assert scanned[1] == pytest.approx(scanned[0], rel=0.05)
   assert unrolled[1] > 2.5 * unrolled[0]
@@ -44,7 +48,7 @@ def test_scanned_step_does_not_grow_with_depth():
 
 @pytest.mark.slow
 def test_remat_lowers_xla_memory_at_size():
-  none, full = (prove.prove(small(4, True, r), 256).xla.temporaries
+  none, full = (proved(small(4, True, r)).xla.temporaries
                 for r in ('none', 'full'))
   assert full < none
 

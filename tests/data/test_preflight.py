@@ -21,6 +21,7 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.data import batching, preflight
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.runtime import exits, faults
 from jax_transformer.train import preemption, trainer
 
@@ -55,7 +56,8 @@ def translation_config(tmp_path, files, seq_len=24, pack=False):
 
 def preflight_of(cfg):
   prepared = data.prepare_for(cfg.data, seq_len=cfg.seq_len)
-  report, = data.training_preflight(cfg, prepared.tokenizer)
+  report, = data.training_preflight(Experiment.of(cfg).train_batches,
+                                     prepared.tokenizer)
   return report, prepared
 
 
@@ -108,7 +110,8 @@ def test_an_iterator_whose_whole_pass_is_dropped_stops_with_the_refusal(
   write_pairs(tmp_path / 'pairs' / 'a.tsv', 400, 25, 28)
   cfg = translation_config(tmp_path, tmp_path / 'pairs' / '*.tsv')
   prepared = data.prepare_for(cfg.data, seq_len=cfg.seq_len)
-  it = data.train_iterator(cfg, prepared.tokenizer, process_index=0,
+  it = data.train_iterator(Experiment.of(cfg).train_batches,
+                           prepared.tokenizer, process_index=0,
                            process_count=1)
   try:
     with pytest.raises(UsageError, match=r'^Every one of a whole pass of '
@@ -164,7 +167,8 @@ def test_the_line_counts_what_training_keeps_and_its_loss_tokens(
   assert warning.endswith('raise --config.data.src_len to 31 and '
                           '--config.seq_len to 31 to keep every pair.')
   # The estimate is what the batches hold.
-  it = data.train_iterator(cfg, prepared.tokenizer, process_index=0,
+  it = data.train_iterator(Experiment.of(cfg).train_batches,
+                           prepared.tokenizer, process_index=0,
                            process_count=1)
   try:
     held = np.mean([(next(it)['tgt_segment_ids'] > 0).sum()
@@ -196,7 +200,8 @@ def test_cut_chat_records_are_counted_and_warned_about(tmp_path):
   prompt = len(data.chat.prompt_ids(prepared.tokenizer,
                                     records[0]['messages'][:-1])) - 1
   cfg.seq_len = prompt + 20
-  report, = data.training_preflight(cfg, prepared.tokenizer)
+  report, = data.training_preflight(Experiment.of(cfg).train_batches,
+                                     prepared.tokenizer)
   report.check()
   assert (report.read, report.cut, report.dropped) == (79, 20, 0)
   assert ' 79 records read, 59 kept, 20 cut (longer than seq_len ' \
@@ -207,7 +212,8 @@ def test_cut_chat_records_are_counted_and_warned_about(tmp_path):
       'prompt + completion + EOS is p50 ')
   # Rows too short for any completion: nothing would train.
   cfg.seq_len = prompt - 2
-  report, = data.training_preflight(cfg, prepared.tokenizer)
+  report, = data.training_preflight(Experiment.of(cfg).train_batches,
+                                     prepared.tokenizer)
   assert 'with nothing of the completion left' in report.line()
   with pytest.raises(UsageError, match=r'^No record of the 79 records in '
                      r'train keeps a token of its completion within its '

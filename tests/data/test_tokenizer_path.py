@@ -16,7 +16,7 @@ from jax_transformer import data
 from jax_transformer.data import token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.errors import UsageError
-from jax_transformer.train import checks, recipes
+from jax_transformer.train import recipes, run_plan
 
 DOCS = [f'Document {i}: the quick brown fox {"jumps " * (i % 7)}over it.'
         for i in range(40)]
@@ -146,7 +146,7 @@ def test_conflicting_tokenizer_fields_are_refused_before_preparing(
     corpus, spm_path, tmp_path):
   cfg = recipes.base_config()
   cfg.data.update(cfg_for(corpus, tmp_path, tokenizer_path=spm_path))
-  checks.check_fields(cfg)  # fine as it is
+  run_plan.checked(cfg)  # fine as it is
   size = spm.SentencePieceProcessor(model_file=spm_path).get_piece_size()
   for fields, message in (
       ({'tokenizer': 'byte'}, r"config.data.tokenizer='byte' trains a "
@@ -159,11 +159,11 @@ def test_conflicting_tokenizer_fields_are_refused_before_preparing(
     bad = ml_collections.ConfigDict(cfg.to_dict())
     bad.data.update(fields)
     with pytest.raises(UsageError, match=message):
-      checks.check_fields(bad)
+      run_plan.checked(bad)
   assert not os.path.exists(tmp_path / 'tfds')  # nothing prepared
   # The same kind and size, or unset on the command line ('' and 0): fine.
   for fields in ({'tokenizer': 'sentencepiece', 'vocab_size': size},
                  {'tokenizer': '', 'vocab_size': 0}):
     ok = ml_collections.ConfigDict(cfg.to_dict())
     ok.data.update(fields)
-    checks.check_fields(ok)
+    run_plan.checked(ok)

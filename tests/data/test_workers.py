@@ -2,12 +2,12 @@
 saved position, and a position saved with another worker count is refused
 in one sentence."""
 
-import ml_collections
 import numpy as np
 import pytest
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import DataConfig, TrainBatches
 
 CFG = {'name': 'ding_en_de', 'direction': 'en-de', 'pack': True}
 
@@ -105,20 +105,20 @@ def test_workers_end_when_their_trainer_is_killed(fake_data_dir, tmp_path):
 def test_initial_state_is_a_fresh_training_streams_with_workers(fake_data_dir):
   """An imported checkpoint's data position resumes under the run's worker
   count (it used to be saved as an in-process stream, and refused)."""
-  cfg = ml_collections.ConfigDict(dict(
-      data={**CFG, 'data_dir': fake_data_dir, 'worker_count': 2,
-            'worker_buffer_size': 2},
-      batch_size=4, seq_len=32, seed=2))
+  batches = TrainBatches(
+      DataConfig.of({**CFG, 'data_dir': fake_data_dir, 'worker_count': 2,
+                     'worker_buffer_size': 2}),
+      batch_size=4, seq_len=32, seed=2)
   prepared = data.prepare('ding_en_de', fake_data_dir)
-  it = data.train_iterator(cfg, prepared.tokenizer, cache_limit=0)
+  it = data.train_iterator(batches, prepared.tokenizer, cache_limit=0)
   try:
     fresh = it.get_state()
-    it.set_state(data.initial_state(cfg))
+    it.set_state(data.initial_state(batches))
     first = next(it)
   finally:
     it.close()
-  assert data.initial_state(cfg) == fresh
-  again = data.train_iterator(cfg, prepared.tokenizer, cache_limit=0)
+  assert data.initial_state(batches) == fresh
+  again = data.train_iterator(batches, prepared.tokenizer, cache_limit=0)
   try:
     for key, value in next(again).items():
       np.testing.assert_array_equal(first[key], value)

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 
-import ml_collections
 import numpy as np
 import pytest
 import repo
@@ -24,7 +23,7 @@ from torch_helpers import randomize
 from jax_transformer import data
 from jax_transformer.data import testing as data_testing
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import DataConfig, Experiment, TrainBatches
 from jax_transformer.interop.torch_reference import TorchTransformer
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.models import DecoderLM
@@ -400,8 +399,8 @@ def test_import_refuses_bad_input(capsys, tmp_path, ende_file, ende_workdir):
 
 
 def test_initial_data_state_is_a_fresh_iterators(data_dir):
-  cfg = ml_collections.ConfigDict(dict(
-      data={'name': 'shakespeare', 'data_dir': data_dir}, batch_size=4,
-      seq_len=16, seed=3))
-  fresh = data.train_iterator(cfg, data.ByteTokenizer())
-  assert data.initial_state(cfg) == fresh.get_state()
+  batches = TrainBatches(
+      DataConfig(name='shakespeare', data_dir=data_dir), batch_size=4,
+      seq_len=16, seed=3)
+  fresh = data.train_iterator(batches, data.ByteTokenizer())
+  assert data.initial_state(batches) == fresh.get_state()

@@ -19,7 +19,7 @@ import repo
 from script_helpers import load_script
 
 from jax_transformer.experiment import Experiment
-from jax_transformer.train import checks
+from jax_transformer.train import trainer
 
 GENERATE, EXPORT, EVALUATE = (load_script(n) for n in
                               ('generate', 'export', 'evaluate'))
@@ -167,7 +167,7 @@ def test_an_old_workdir_with_relative_paths_still_resumes(tmp_path,
                                 'train_files': 'corpus/*.txt'}})
   (tmp_path / 'old').mkdir()
   (tmp_path / 'old' / 'config.json').write_text(json.dumps(exp.to_dict()))
-  assert not checks.check_resumable(exp, 'old').data.accept_changed_corpus
+  assert not trainer.check_resumable(exp, 'old').data.accept_changed_corpus
   moved = exp.replace(**{'data.train_files': 'elsewhere/*.txt'})
   with pytest.raises(Exception, match='data \\(train_files\\)'):
-    checks.check_resumable(moved, 'old')
+    trainer.check_resumable(moved, 'old')

@@ -55,7 +55,9 @@ def good_workdir(tmp_path_factory):
   cfg.data.data_dir = str(tmp_path_factory.mktemp('unprepared'))
   tokenizer = data.ByteTokenizer()
   setup = model_setup.build(cfg, tokenizer.vocab_size)
-  checkpoint.save_side_files(path, cfg, tokenizer)
+  saved = Experiment.of(cfg)
+  checkpoint.save_side_files(path, saved.saved_form(), saved.data,
+                             tokenizer)
   saver = checkpoint.Checkpointer(path, async_save=False)
   saver.save(setup.init_state(cfg.seed), {})
   saver.wait()

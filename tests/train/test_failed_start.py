@@ -9,7 +9,7 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
-from jax_transformer.train import checks, perf, trainer
+from jax_transformer.train import perf, trainer
 
 
 @pytest.fixture
@@ -40,4 +40,4 @@ def test_a_refused_first_start_leaves_the_workdir_as_it_was(
   assert os.listdir(held) == ['notes.txt']
   # A rerun with another model is a new run, not a mismatch.
   cfg.model.d_model = 48
-  checks.check_resumable(cfg, str(held))
+  trainer.check_resumable(cfg, str(held))

@@ -87,12 +87,10 @@ def test_local_tier_fields_are_refused_in_one_sentence(fields, words):
 
 
 def test_a_local_dir_inside_the_workdir_is_refused(tmp_path):
-  cfg = Experiment().replace(local_checkpoint_dir=str(tmp_path / 'w' / 'l'),
-                             local_checkpoint_every=100)
+  workdir = resolve(str(tmp_path / 'w'))
   with pytest.raises(UsageError, match='is inside the workdir'):
-    local_tier.check_paths(cfg, resolve(str(tmp_path / 'w')))
-  local_tier.check_paths(cfg.replace(local_checkpoint_dir=str(tmp_path)),
-                         resolve(str(tmp_path / 'w')))
+    local_tier.check_paths(str(tmp_path / 'w' / 'l'), workdir)
+  local_tier.check_paths(str(tmp_path), workdir)
 
 
 def test_a_local_dir_of_another_run_is_refused_and_a_new_run_clears_it(

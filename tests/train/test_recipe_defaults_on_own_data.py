@@ -10,7 +10,7 @@ from jax_transformer import data
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
-from jax_transformer.train import evaluating, init_from
+from jax_transformer.train import evaluating, init_from, recipes
 
 
 @pytest.mark.parametrize('given,recipe_name,emptied', [
@@ -25,7 +25,7 @@ def test_the_recipes_prompt_is_dropped_for_other_data(given, recipe_name,
   cfg.data.name = 'files'
   recipe = load_config('lm_shakespeare:tiny')
   recipe.data.name = recipe_name
-  evaluating.prompt_for_own_data(cfg, given, lambda: recipe)
+  recipes.prompt_for_own_data(cfg, given, lambda: recipe)
   assert cfg.sample.prompt == ('' if emptied else 'ROMEO:')
 
 
@@ -38,9 +38,10 @@ def test_an_empty_prompt_is_the_start_of_a_validation_document(tmp_path):
       'data.name': 'files', 'data.train_files': str(tmp_path / '*.txt'),
       'data.data_dir': str(tmp_path / 'tfds'), 'sample.prompt': ''})
   data.prepare_for(cfg.data)
-  assert evaluating.data_prompt(cfg) == 'the cat sat on the mat and then it ran'
+  assert evaluating.data_prompt(cfg.evaluation) == (
+      'the cat sat on the mat and then it ran')
   assert evaluating.data_prompt(cfg.replace(**{
-      'data.train_files': str(tmp_path / 'none*.txt')})) == ''
+      'data.train_files': str(tmp_path / 'none*.txt')}).evaluation) == ''
 
 
 def llama_instruct():

@@ -9,6 +9,7 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.data.tokenizers import ByteTokenizer
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import checkpoint, steps, trainer
 
 
@@ -77,7 +78,9 @@ def test_side_files_are_written_whole(tmp_path):
   # tokenizer/ without its fingerprint: a start killed while writing it.
   (tmp_path / 'tokenizer').mkdir()
   (tmp_path / 'tokenizer' / 'spm.model').write_bytes(b'torn')
-  checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
+  saved = Experiment.of(cfg)
+  checkpoint.save_side_files(str(tmp_path), saved.saved_form(), saved.data,
+                             ByteTokenizer())
   assert sorted(os.listdir(tmp_path)) == ['config.json', 'data.json',
                                           'tokenizer', 'tokenizer.sha256']
   assert os.listdir(tmp_path / 'tokenizer') == ['tokenizer.json']

@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
-from jax_transformer.train import checks, model_setup, steps, trainer
+from jax_transformer.train import model_setup, steps, trainer
 
 VOCAB = 64
 
@@ -158,10 +158,10 @@ def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
     f.write(saved.to_json())
   cfg = tiny_cfg()
   cfg.model.update(dtype='bfloat16', dropout_rate=0.3, dropout_rng='threefry')
-  checks.check_resumable(cfg, str(tmp_path))  # compute only: resumable
+  trainer.check_resumable(cfg, str(tmp_path))  # compute only: resumable
   cfg.model.d_ff = 128
   with pytest.raises(ValueError, match=r'different config.model \(d_ff\)'):
-    checks.check_resumable(cfg, str(tmp_path))
+    trainer.check_resumable(cfg, str(tmp_path))
 
 
 @pytest.mark.slow

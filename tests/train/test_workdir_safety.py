@@ -26,7 +26,6 @@ from jax_transformer.model.params import split
 from jax_transformer.runtime import faults, storage
 from jax_transformer.train import (
   checkpoint,
-  checks,
   evaluation,
   metrics,
   perf,
@@ -173,15 +172,17 @@ def test_a_bad_config_is_refused_before_data_preparation(
 
 def test_resume_allows_another_data_dir_but_not_another_model(tmp_path):
   cfg = _tiny(tmp_path)
-  checkpoint.save_side_files(str(tmp_path), cfg, ByteTokenizer())
+  saved = Experiment.of(cfg)
+  checkpoint.save_side_files(str(tmp_path), saved.saved_form(), saved.data,
+                             ByteTokenizer())
   moved = _tiny(tmp_path)
   moved.data.data_dir = str(tmp_path / 'elsewhere')
   moved.model.dropout_rate = 0.3
-  checks.check_resumable(moved, str(tmp_path))
+  trainer.check_resumable(moved, str(tmp_path))
   wider = _tiny(tmp_path)
   wider.model.d_ff = 128
   with pytest.raises(UsageError, match=r'different config.model \(d_ff\)'):
-    checks.check_resumable(wider, str(tmp_path))
+    trainer.check_resumable(wider, str(tmp_path))
 
 
 # ----------------------------------------------------------------------------
@@ -214,11 +215,12 @@ def test_the_workdir_tokenizer_is_kept_and_checked(tmp_path, spm_tokenizers):
   work = str(tmp_path)
   cfg = _tiny(tmp_path)
   assert checkpoint.run_tokenizer(work, a, has_checkpoint=False) is a
-  checkpoint.save_side_files(work, cfg, a)
+  saved = Experiment.of(cfg)
+  checkpoint.save_side_files(work, saved.saved_form(), saved.data, a)
   # Another data directory's tokenizer: the checkpoints' one is used.
   kept = checkpoint.run_tokenizer(work, b, has_checkpoint=True)
   assert fingerprint(kept) == fingerprint(a)
-  checkpoint.save_side_files(work, cfg, kept)
+  checkpoint.save_side_files(work, saved.saved_form(), saved.data, kept)
   assert fingerprint(checkpoint.run_tokenizer(work, b, True)) == (
       fingerprint(a))
 
@@ -371,7 +373,7 @@ def test_a_workdir_saved_before_new_data_fields_still_resumes(tmp_path):
   for name in ('mixture', 'text_key', 'train_files'):
     saved['data'].pop(name, None)
   (tmp_path / 'config.json').write_text(json.dumps(saved))
-  checks.check_resumable(cfg, str(tmp_path))
+  trainer.check_resumable(cfg, str(tmp_path))
   cfg.data.name = 'tiny_shakespeare'
   with pytest.raises(UsageError, match=r'different config\.data \(name\)'):
-    checks.check_resumable(cfg, str(tmp_path))
+    trainer.check_resumable(cfg, str(tmp_path))
