@@ -48,9 +48,9 @@ CONTRACTED = {
     'key': ('embed',),               # BSD,DKH->BSKH
     'value': ('embed',),
     'out': ('heads', 'head_dim'),    # BTNH,NHD->BTD
-    'wi': ('embed',),                # BTD,DF->BTF
+    'wi': ('embed',),                # MD,DF->MF (rows: B*T)
     'wi_gate': ('embed',),
-    'wo': ('mlp',),                  # BTF,FD->BTD
+    'wo': ('mlp',),                  # MF,FD->MD
     'head': ('embed',),              # BTD,DV->BTV
 }
 _INT8_MAX = 127  # symmetric: -128 is never used, so negation is exact

@@ -245,21 +245,29 @@ class FeedForward(nnx.Module):
 
   def __call__(self, x: Array, rngs: nnx.Rngs | None = None,
                deterministic: bool = True) -> Array:
-    """x [B, T, D] -> [B, T, D]."""
+    """x [B, T, D] -> [B, T, D].
+
+    Both projections multiply rows ([B*T, D] and [B*T, F]): with B and T
+    apart, XLA:CPU computes wi's weight gradient from a transposed copy of
+    [B, T, F] that cost a third of the default job's step (the same
+    products, bit for bit; 'length' is never sharded, so the rows keep
+    the batch's sharding)."""
     dtype = self.config.compute_dtype
     x = x.astype(dtype)
-    h = project(x, self.wi, 'BTD,DF->BTF', dtype)
+    rows = x.reshape(-1, x.shape[-1])  # [B*T, D]
+    h = project(rows, self.wi, 'MD,DF->MF', dtype).reshape(*x.shape[:-1], -1)
     if self.use_bias:
       h = h + self.bi[...].astype(dtype)
     if self.gated:
-      gate = project(x, self.wi_gate, 'BTD,DF->BTF', dtype)
-      h = jax.nn.silu(gate) * h
+      gate = project(rows, self.wi_gate, 'MD,DF->MF', dtype)
+      h = jax.nn.silu(gate.reshape(h.shape)) * h
     else:
       h = _ACTIVATIONS[self.config.activation](h)
     h = constrain(h, ('batch', 'length', 'mlp'))
     h = dropout(h, self.config.dropout_rate, rngs, deterministic,
                 self.config.dropout_rng)
-    y = project(h, self.wo, 'BTF,FD->BTD', dtype)
+    y = project(h.reshape(-1, h.shape[-1]), self.wo, 'MF,FD->MD', dtype)
+    y = y.reshape(x.shape)
     if self.use_bias:
       y = y + self.bo[...].astype(dtype)
     return y

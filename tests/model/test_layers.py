@@ -175,3 +175,41 @@ def test_each_dropout_call_draws_a_new_mask():
   m2 = layers.dropout(x, 0.5, rngs, False, 'hash') == 0
   agree = float((m1 == m2).mean())
   assert abs(agree - 0.5) < 0.01  # independent masks agree half the time
+
+
+@pytest.mark.parametrize('activation', ['gelu', 'swiglu'])
+def test_feed_forward_on_rows_equals_its_batch_by_length_form(activation):
+  """The projections multiply [B*T, D] rows (a third of the default job's
+  step went to a transposed copy with B and T apart): output and
+  gradients, dropout on, equal the [B, T, D] einsums of the same weights
+  and dropout bits."""
+  config = CONFIG.replace(activation=activation, dropout_rate=0.1,
+                          dropout_rng='hash', d_model=32, d_ff=96)
+  ff = layers.FeedForward(config, nnx.Rngs(1))
+  graphdef, params = nnx.split(ff)
+  x = jnp.asarray(np.random.RandomState(2).randn(3, 7, 32), jnp.float32)
+
+  def rows(params, x):
+    return nnx.merge(graphdef, params)(x, nnx.Rngs(dropout=5), False)
+
+  def batch_by_length(params, x):
+    p = nnx.merge(graphdef, params)
+    h = jnp.einsum('BTD,DF->BTF', x, p.wi[...])
+    if activation == 'swiglu':
+      h = jax.nn.silu(jnp.einsum('BTD,DF->BTF', x, p.wi_gate[...])) * h
+    else:
+      h = jax.nn.gelu(h + p.bi[...], approximate=False)
+    h = layers.dropout(h, 0.1, nnx.Rngs(dropout=5), False, 'hash')
+    y = jnp.einsum('BTF,FD->BTD', h, p.wo[...])
+    return y if activation == 'swiglu' else y + p.bo[...]
+
+  def loss_and_grads(f):
+    return jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(f(p, x) ** 2),
+                                      argnums=(0, 1)))(params, x)
+
+  (got, (gp, gx)), (want, (wp, wx)) = map(loss_and_grads,
+                                          (rows, batch_by_length))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  np.testing.assert_allclose(gx, wx, rtol=1e-5, atol=1e-6)
+  for a, b in zip(jax.tree.leaves(gp), jax.tree.leaves(wp)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
