@@ -114,7 +114,7 @@ class HostSize:
 
 # From tiny to gpt2_small's shape (12 layers of width 768, 12 heads), each
 # small enough to measure on 8 host devices of a 2-core machine.
-HOST_SIZES = {'tiny': HostSize(2, 128, 4, 64, 32),
+HOST_SIZES = {'tiny': HostSize(2, 128, 8, 64, 32),
               'small': HostSize(4, 256, 8, 128, 32),
               'gpt2_small': HostSize(12, 768, 12, 128, 8)}
 

@@ -125,3 +125,7 @@ def test_each_size_measures_meshes_remat_a_chunked_loss_and_accumulation(
     assert 'dots' in {c.remat for c in layouts}
   cfg = measure.host_check_config(size)
   assert cfg.model.num_decoder_layers == measure.HOST_SIZES[size].layers
+  # Every layout splits the model: heads and widths over 'tensor'.
+  for c in layouts:
+    assert cfg.model.num_heads % c.tensor == 0, (size, c)
+    assert cfg.model.d_model % (c.tensor * c.fsdp) == 0, (size, c)
