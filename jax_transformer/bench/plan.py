@@ -4,7 +4,7 @@ hand (``scripts/benchmark.py --suite plan``).
 On a GPU or TPU: ``config`` (default gpt2_small) is planned for the local
 devices within ``budget_s`` and the planner's top three layouts are
 measured. On CPU host devices: for each of ``sizes`` (``measure.HOST_SIZES``:
-tiny, small, gpt2_small's shape), its layouts (meshes, remat policies, a
+tiny, small, gpt2_small's width at 4 layers), its layouts (meshes, remat policies, a
 chunked loss, accumulation; ``measure.host_check_layouts``). A row per
 layout (predicted and measured seconds an update, their ratio), a summary
 row per size and one over every row: the step model's version, Spearman's
