@@ -102,9 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  'shipped one)')
   p.add_argument('--plan_config', default=None,
                  help='plan: the config planned on a GPU or TPU')
-  p.add_argument('--plan_sizes', default='tiny,small,gpt2_small',
+  p.add_argument('--plan_sizes', default='tiny,small,gpt2_small_4l',
                  help='plan, on CPU: comma-separated, of tiny,small,'
-                 'gpt2_small (the models whose layouts are measured)')
+                 'gpt2_small_4l (the models whose layouts are measured)')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
