@@ -67,6 +67,15 @@ def test_pipeline_suite_reports_supply_and_demand():
   assert rows[0]['demand_tokens_per_s'] == pytest.approx(985e3, rel=0.01)
 
 
+def test_plan_suite_defaults_to_every_host_size():
+  """--plan_sizes's default names the sizes there are (it named one that
+  had been renamed, and the suite stopped at its argument check)."""
+  from jax_transformer.plan import measure
+  args = script_helpers.load_script('benchmark').parse_args(
+      ['--suite', 'plan'])
+  assert args.plan_sizes.split(',') == list(measure.HOST_SIZES)
+
+
 @pytest.mark.parametrize('args, message', [
     (['--suite', 'gpu'], 'needs a GPU or TPU'),
     (['--suite', 'nanogpt'], 'needs --nanogpt_dir'),
