@@ -29,9 +29,22 @@ CONFIGS = [('lm_shakespeare', None), ('lm_shakespeare', 'tiny'),
            pytest.param('lm_70b', None, marks=pytest.mark.slow)]
 
 
+# Building lm_70b's 80-layer model took about a minute (the abstract build
+# grows faster than linearly in the layer count) and exercises the same
+# code path as lm_7b's 32 scanned layers: its shape fields are checked as
+# written, then it is built with 2 of its layers, every other field as is.
+SHALLOW_BUILD = {'lm_70b': dict(num_decoder_layers=80, d_model=8192,
+                                num_heads=64, num_kv_heads=8, d_ff=28672,
+                                scan_layers=True)}
+
+
 @pytest.mark.parametrize('name, preset', CONFIGS)
 def test_config_builds_model_and_optimizer(name, preset):
   cfg = load_config(f'{name}:{preset}' if preset else name)
+  if name in SHALLOW_BUILD:
+    for field, value in SHALLOW_BUILD[name].items():
+      assert cfg.model[field] == value, field
+    cfg.model.num_decoder_layers = 2
   setup = model_setup.build(cfg, 8000)
   assert setup.model_config.vocab_size % cfg.vocab_multiple == 0
   assert cfg.batch_size % 8 == 0
