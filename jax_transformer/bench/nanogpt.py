@@ -98,8 +98,10 @@ def run_nanogpt(nanogpt_dir: str, work: str, steps: int) -> dict:
   proc = subprocess.Popen([sys.executable, '-u', 'train.py', *args], cwd=repo,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
-  saved = []
+  saved, first_iter = [], None
   for line in proc.stdout:
+    if first_iter is None and line.startswith('iter '):
+      first_iter = time.perf_counter() - start  # start-up and iter 0
     if line.startswith('saving checkpoint'):
       # Keep each evaluation's weights, with the time they were reached.
       elapsed = time.perf_counter() - start
@@ -124,7 +126,17 @@ def run_nanogpt(nanogpt_dir: str, work: str, steps: int) -> dict:
         capture_output=True, text=True).stdout
     curve.append(dict(json.loads(out.strip().splitlines()[-1]),
                       elapsed_s=elapsed))
-  return {'wall_s': wall, 'curve': curve}
+  return {'wall_s': wall, 'curve': curve, 'first_step_s': first_iter}
+
+
+def time_parts(line: str) -> dict[str, float]:
+  """The seconds of each part of train.py's closing 'Time: ...' line
+  (start-up, compile, steps, evaluation, ...); {} where line is not it."""
+  match = re.match(r'Time: [\d.]+ s wall, goodput [\d.]+% \((.*)\)\.', line)
+  if not match:
+    return {}
+  named = (part.rsplit(' ', 2)[:2] for part in match[1].split(', '))
+  return {name.replace(' ', '_'): float(seconds) for name, seconds in named}
 
 
 def run_ours(work: str, steps: int) -> dict:
@@ -139,8 +151,11 @@ def run_ours(work: str, steps: int) -> dict:
        f'--config.log_every={EVAL_EVERY // 2}',
        '--config.sample.enabled=False'],
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-  curve = []
+  curve, parts, first_step = [], {}, None
   for line in proc.stdout:
+    parts = time_parts(line) or parts
+    if first_step is None and line.startswith('First step'):
+      first_step = time.perf_counter() - start
     match = re.search(r'step (\d+): train loss [\d.]+, eval loss ([\d.]+)',
                       line)
     if match:
@@ -149,7 +164,8 @@ def run_ours(work: str, steps: int) -> dict:
   proc.wait()
   if proc.returncode:
     raise RuntimeError(f'train.py exited with {proc.returncode}.')
-  return {'wall_s': time.perf_counter() - start, 'curve': curve}
+  return {'wall_s': time.perf_counter() - start, 'curve': curve,
+          'parts': parts, 'first_step_s': first_step}
 
 
 def loss_at(curve: list[dict], seconds: float) -> float | None:
@@ -177,6 +193,11 @@ def run(nanogpt_dir: str, steps: int = STEPS) -> list[dict]:
                                               nano['wall_s']),
       'nanogpt_val_loss_at_ours_end': loss_at(nano['curve'],
                                               ours['wall_s']),
+      # Where the time goes: from start to the first step's line (ours)
+      # or iteration 0's (nanoGPT's), and train.py's own account.
+      'ours_first_step_s': ours['first_step_s'],
+      'nanogpt_first_step_s': nano['first_step_s'],
+      'ours_time_parts_s': ours['parts'],
       'ours_curve': ours['curve'], 'nanogpt_curve': nano['curve'],
   }
   return [row]

@@ -52,6 +52,16 @@ def test_loss_at_equal_wall_time_takes_the_last_evaluation_reached():
   assert nanogpt.loss_at(curve, 25.0) == 2.0
 
 
+def test_nanogpt_suite_reads_where_train_py_spent_its_time():
+  from jax_transformer.train import goodput
+  line = goodput.describe({'total_startup_s': 5.25, 'total_step_s': 200.0,
+                           'total_eval_s': 12.5, 'wall_s': 220.0,
+                           'goodput': 200 / 220})
+  assert nanogpt.time_parts(line) == {'start-up': 5.2, 'steps': 200.0,
+                                      'evaluation': 12.5}
+  assert nanogpt.time_parts('step 100: train loss 2.1') == {}
+
+
 def test_pipeline_suite_reports_supply_and_demand():
   rows = pipeline.run(seconds=0.3, worker_counts=(0,), examples=3000)
   assert [(r['model'], r['device']) for r in rows] == [
