@@ -33,13 +33,20 @@ from jax_transformer.workdirs import restore
 
 # Reading a corrupt checkpoint, Orbax leaves its other reads unawaited; their
 # errors (the same failure the tests check) surface later as unraisable.
-pytestmark = pytest.mark.filterwarnings(
-    'ignore::pytest.PytestUnraisableExceptionWarning')
+# One xdist worker for the module, so that the collection below runs once.
+pytestmark = [pytest.mark.filterwarnings(
+    'ignore::pytest.PytestUnraisableExceptionWarning'),
+    pytest.mark.xdist_group('bad_workdirs')]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope='module')
 def collect_unawaited_reads():
-  """Collects them here, under the filter above, not in a later test."""
+  """Collects them here, under the filter above (in the teardown of the
+  module's last test), not in a later module's test. Once per module: a
+  full collection in a worker that has compiled for a while took about 3 s,
+  which after each of the module's 57 tests was most of its time; any
+  collected before, by the interpreter's own collections, surface in one
+  of this module's tests, under the same filter."""
   yield
   gc.collect()
 GENERATE, EVALUATE, EXPORT = map(script_helpers.load_script,
