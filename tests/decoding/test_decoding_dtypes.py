@@ -46,6 +46,10 @@ def chains(starts, length: int) -> np.ndarray:
 
 PROMPTS = chains(np.arange(3, V), 3)  # 13 prompts, one per start
 
+# One xdist worker for the module: peaked_model() is trained once, not once
+# per worker that runs one of these tests.
+pytestmark = pytest.mark.xdist_group('decoding_dtypes')
+
 
 @functools.cache
 def peaked_model() -> jt.DecoderLM:

@@ -26,6 +26,10 @@ GENERATE, EXPORT, EVALUATE = (load_script(n) for n in
 FILES = ['--config.data.name=files', '--config.data.train_files=corpus/*.txt',
          '--config.data.data_dir=tfds']
 
+# One xdist worker for the module: home (a train.py run) is built once, not
+# once per worker that runs one of its tests.
+pytestmark = pytest.mark.xdist_group('self_contained_workdirs')
+
 
 def train(home, workdir, *flags, steps=2):
   """train.py on lm_shakespeare:tiny, run from ``home`` with paths relative

@@ -20,7 +20,9 @@ from jax_transformer.model.params import split
 from jax_transformer.train import trainer
 from jax_transformer.workdirs import restore
 
-pytestmark = pytest.mark.slow
+# One xdist worker for the module: the runs fixture (two trainings) is
+# built once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('damaged_checkpoints')]
 
 
 def _config(data_dir, num_steps, keep=5):

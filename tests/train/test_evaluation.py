@@ -24,6 +24,10 @@ from jax_transformer.workdirs import restore
 
 PLAYS = ('macbeth',)
 
+# One xdist worker for the module: ende_workdir and lm_workdir (trainings)
+# are built once, not once per worker that runs one of their tests.
+pytestmark = pytest.mark.xdist_group('evaluation')
+
 
 @pytest.fixture(scope='module')
 def data_dir(fake_data_dir):
