@@ -1,7 +1,5 @@
 """Layers and whole models against PyTorch: forward to 1e-5, gradients 1e-4."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,8 +103,14 @@ def example_batch(padded: bool, seed=0):
   return src, tgt, src_real, tgt_real
 
 
-CASES = list(itertools.product([False, True], ['relu', 'gelu'], [False, True],
-                               [True, False]))
+# (norm_first, activation, padded, tied): every pair of values of every two
+# of the four options once (a pairwise cover of the 2^4 grid in 5 cases).
+# The options touch different parts of the model (layer order, the
+# feed-forward's activation, the masks, the output head), so a fault in
+# one, or between two, shows in a case holding it; the full grid ran 16.
+CASES = [(False, 'relu', False, False), (False, 'gelu', True, True),
+         (True, 'relu', True, True), (True, 'gelu', False, True),
+         (True, 'gelu', True, False)]
 
 
 @pytest.mark.parametrize('norm_first, activation, padded, tied', CASES)

@@ -268,11 +268,15 @@ def _lower(mesh, jitted, args):
     return jitted.lower(*args)
 
 
-@pytest.mark.parametrize('label_smoothing,z_loss', [(0.0, 0.0), (0.1, 1e-4)])
-# 32: four chunks of rows split 4 ways; 5: padded chunks the batch shards
-# do not divide (their partial sums then stay in one slot).
-@pytest.mark.parametrize('chunk_size', [32, 5])
-@pytest.mark.parametrize('compute_dtype', [jnp.float32, jnp.bfloat16])
+# (label_smoothing, z_loss), chunk_size, compute_dtype: each pair of
+# values of any two of them once (a pairwise cover of the 2 x 2 x 2 grid in
+# 4 cases; the closed-form terms, the chunking and the dtype are separate
+# parts of the loss). Chunk 32: four chunks of rows split 4 ways; 5: padded
+# chunks the batch shards do not divide (their partial sums then stay in
+# one slot).
+@pytest.mark.parametrize('label_smoothing,z_loss,chunk_size,compute_dtype', [
+    (0.0, 0.0, 32, jnp.float32), (0.0, 0.0, 5, jnp.bfloat16),
+    (0.1, 1e-4, 32, jnp.bfloat16), (0.1, 1e-4, 5, jnp.float32)])
 def test_sharded_chunks_equal_unchunked_and_the_meshless_path(
     label_smoothing, z_loss, chunk_size, compute_dtype):
   """Sums and gradients under a data x fsdp x tensor mesh equal the full
