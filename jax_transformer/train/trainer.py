@@ -146,8 +146,11 @@ def check_resumable(exp: Experiment | Any, workdir: str | WorkdirPaths
     raise UsageError(f'{workdir} holds a run with a different config.'
                      f'{changed}; use a new --workdir or the same config to '
                      'resume.')
-  what = saved and corpus.change(corpus.read(resolve(workdir).root),
-                                 corpus.record(exp.data))
+  old = corpus.read(resolve(workdir).root) if saved else None
+  # Only a run that recorded its files compares them (recording names the
+  # files, which an imported workdir's data config may not have).
+  what = (corpus.change(old, corpus.record(exp.data))
+          if old and 'files' in old else None)
   if what and not exp.data.accept_changed_corpus:
     raise UsageError(f'The corpus of {workdir} changed since this run '
                      f'started: {what}; pass '
