@@ -12,6 +12,12 @@ from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.train import steps
 
+# One xdist worker for the module: its models run eagerly, and each op a
+# worker meets first compiles there; spread over both workers the module's
+# tests paid those compiles twice (its durations: a case as cheap as
+# another ran several times longer on the other worker).
+pytestmark = pytest.mark.xdist_group('masks')
+
 B, T, S, D, N, V = 3, 6, 5, 16, 4, 40
 LENGTHS = np.array([6, 3, 1])
 CONFIG = ModelConfig(vocab_size=V, d_model=D, num_heads=N, num_kv_heads=2,

@@ -8,6 +8,12 @@ from flax import nnx
 import jax_transformer as jt
 from jax_transformer.model.models import default_positions
 
+# One xdist worker for the module: its models run eagerly, and each op a
+# worker meets first compiles there; spread over both workers the module's
+# tests paid those compiles twice (its durations: a case as cheap as
+# another ran several times longer on the other worker).
+pytestmark = pytest.mark.xdist_group('models')
+
 LM = jt.ModelConfig(vocab_size=53, d_model=32, num_heads=4, num_kv_heads=2,
                     d_ff=64, num_encoder_layers=0, num_decoder_layers=2,
                     norm_first=True, positional='rotary', activation='swiglu',
