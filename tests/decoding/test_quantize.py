@@ -16,6 +16,12 @@ import jax_transformer as jt
 from jax_transformer.decoding import quantize
 from jax_transformer.decoding.quantize import Int8Kernel
 
+# One xdist worker for the module: its models' ops and steps compile
+# once, not once on each worker (one process ran it in about half its
+# durations).
+pytestmark = pytest.mark.xdist_group('quantize')
+
+
 LM = jt.ModelConfig(vocab_size=64, d_model=64, num_heads=4, num_kv_heads=2,
                     d_ff=128, num_encoder_layers=0, num_decoder_layers=2,
                     norm_first=True, positional='rotary', activation='swiglu',

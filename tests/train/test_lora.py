@@ -18,6 +18,12 @@ from jax_transformer.model import lora, sharding
 from jax_transformer.model import params as params_lib
 from jax_transformer.train import model_setup, steps
 
+# One xdist worker for the module: its models' ops and steps compile
+# once, not once on each worker (one process ran it in about half its
+# durations).
+pytestmark = pytest.mark.xdist_group('lora')
+
+
 LM = os.path.join(repo.ROOT, 'configs/lm_shakespeare.py')
 
 

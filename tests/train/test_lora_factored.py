@@ -16,6 +16,12 @@ from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.model.params import abstract
 from jax_transformer.train import model_setup, steps
 
+# One xdist worker for the module: its models' ops and steps compile
+# once, not once on each worker (one process ran it in about half its
+# durations).
+pytestmark = pytest.mark.xdist_group('lora_factored')
+
+
 B, T = 3, 5  # sizes no kernel axis has (see test_no_weight_gradient...)
 
 MODELS = {
