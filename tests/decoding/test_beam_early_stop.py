@@ -20,6 +20,12 @@ from test_generate_and_beam_search import TINY, exhaustive, forward, hypothesis
 import jax_transformer as jt
 from jax_transformer.decoding import beam, beam_search, length_penalty
 
+# One xdist worker for the module: its programs compile once, not once
+# on each worker (one process ran it in about two thirds of its
+# durations).
+pytestmark = pytest.mark.xdist_group('beam_early_stop')
+
+
 A, B, EOS = 0, 1, 2
 # Markov chains: next-token probabilities of (a, b, EOS) by the previous
 # token (None: the first). In CHAIN, EOS is the likeliest first token, but a

@@ -10,6 +10,12 @@ from jax_transformer.cli import load_config
 from jax_transformer.model import sharding
 from jax_transformer.train import model_setup, steps
 
+# One xdist worker for the module: its programs compile once, not once
+# on each worker (one process ran it in about two thirds of its
+# durations).
+pytestmark = pytest.mark.xdist_group('activation_sharding')
+
+
 VOCAB, B, T, D, F = 64, 8, 16, 32, 96
 
 

@@ -13,6 +13,12 @@ import jax_transformer as jt
 from jax_transformer.model import attention, sharding, splash
 from jax_transformer.model.masks import Mask, attention_args
 
+# One xdist worker for the module: its programs compile once, not once
+# on each worker (one process ran it in about two thirds of its
+# durations).
+pytestmark = pytest.mark.xdist_group('splash')
+
+
 B, T, H = 2, 256, 16
 LENGTHS = np.array([T, 100])
 # Two packed rows: segments of 100, 90 and 40 tokens, then padding (0).
