@@ -17,7 +17,6 @@ from jax_transformer.compile import lowering
 from jax_transformer.experiment import Experiment
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
-from jax_transformer.runtime import targets
 
 
 def step_runner(cfg: Experiment, devices: list,
@@ -25,9 +24,7 @@ def step_runner(cfg: Experiment, devices: list,
   """A function running cfg's train step once on devices (compiled here,
   state initialised from cfg's seed, one fixed batch of random tokens)."""
   cfg = Experiment.of(cfg)
-  run = lowering.lower_train(cfg, devices,
-                             targets.kernel_platform(devices[0].platform),
-                             vocab_size)
+  run = lowering.lower_here(cfg, vocab_size, devices)
   compiled = run.lowered.compile()
   state = jax.jit(lambda: run.setup.init_state(cfg.seed),
                   out_shardings=run.shardings)()
