@@ -7,6 +7,7 @@ console.
     python scripts/benchmark.py --suite pipeline
     python scripts/benchmark.py --suite stop          # SIGTERM to exit
     python scripts/benchmark.py --suite restart       # back to the first step
+    python scripts/benchmark.py --suite restart --restart_shapes lm_350m
     python scripts/benchmark.py --suite local_tier    # the local tier's cost
     python scripts/benchmark.py --suite plan          # the planner's model
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
@@ -31,9 +32,10 @@ Suites (see ``jax_transformer/bench/``):
 * ``stop``: seconds from SIGTERM to the exit of ``train.py`` on each
   shipped config (``--stop_configs``), mid-training;
 * ``restart``: seconds from process start to the first finished step of
-  the default job as two processes: a cold start (empty compilation
-  cache), a warm start (the cache filled) and a restart after SIGKILL of
-  one process (from the local checkpoint tier), each split into start-up,
+  the default job and of lm_350m's model on 8 CPU host devices
+  (``--restart_shapes``), each as two processes: a cold start (empty
+  compilation cache), a warm start (the cache filled) and a restart after
+  SIGKILL of one process (from the local checkpoint tier), each split into start-up,
   restore, data iterator and compile (cache hit or miss), and the ratios
   restart / warm start (goal: <= 1.5) and restart compile / cold compile
   (goal: < 0.1);
@@ -105,6 +107,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--plan_sizes', default='tiny,small,gpt2_small_4l',
                  help='plan, on CPU: comma-separated, of tiny,small,'
                  'gpt2_small_4l (the models whose layouts are measured)')
+  p.add_argument('--restart_shapes', default='default,lm_350m',
+                 help='restart: comma-separated, of default (the default '
+                 'job) and lm_350m (lm_350m\'s model on 8 CPU host devices)')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
@@ -122,6 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   if unknown:
     p.error(f'--plan_sizes: unknown {", ".join(unknown)}; choose from '
             f'{", ".join(HOST_SIZES)}.')
+  from jax_transformer.bench.restart import SHAPES  # pylint: disable=g-import-not-at-top
+  unknown = sorted(set(args.restart_shapes.split(',')) - set(SHAPES))
+  if unknown:
+    p.error(f'--restart_shapes: unknown {", ".join(unknown)}; choose from '
+            f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
     args.rounds = 2 if local else 7
@@ -165,7 +175,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     return lora.run(args.rounds)
   if args.suite == 'restart':
     from jax_transformer.bench import restart  # pylint: disable=g-import-not-at-top
-    return list(restart.run())
+    return list(restart.run(tuple(args.restart_shapes.split(','))))
   if args.suite == 'local_tier':
     from jax_transformer.bench import local_tier  # pylint: disable=g-import-not-at-top
     return list(local_tier.run(args.steps, args.rounds, args.local_every))
@@ -188,7 +198,7 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'compiled_to_signal_s', 'layout', 'predicted_step_s',
               'measured_step_s', 'predicted_mfu', 'measured_over_predicted',
               'spearman', 'top_choice_agrees', 'lora_s', 'full_s',
-              'lora_memory_gb', 'full_memory_gb', 'start', 'first_step',
+              'lora_memory_gb', 'full_memory_gb', 'shape', 'start', 'first_step',
               'to_first_step_s', 'startup_s', 'restore_s', 'data_iterator_s',
               'cache', 'xla_s', 'other_processes_s', 'steps_lost',
               'restart_over_warm', 'restart_compile_over_cold',

@@ -146,3 +146,10 @@ def _close_all(root: grain.DatasetIterator, iterators: list) -> None:
       # A queue read that met the end of a cut message, a worker's
       # RuntimeError: the iterator is closed all the same.
       logging.info('Closing %s: %s', it, e)
+  # Grain's close shuts its thread pools down without waiting: a thread
+  # still reading a record would outlive the close. Wait for them here
+  # (stop bounds this thread by its deadline).
+  for it in iterators:
+    executor = getattr(it, '_executor', None)
+    if isinstance(executor, futures.ThreadPoolExecutor):
+      executor.shutdown(wait=True, cancel_futures=True)
