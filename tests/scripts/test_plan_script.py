@@ -22,7 +22,7 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
   out = tmp_path / 'plan.jsonl'
   cache = tmp_path / 'cache'
   args = ['--config', 'lm_shakespeare:tiny', '--target', 'v5e-4',
-          '--global_batch', '8', '--budget_s', '25', '--output', str(out),
+          '--global_batch', '8', '--budget_s', '12', '--output', str(out),
           '--cache_dir', str(cache)]
   result = script_helpers.run_script('plan', *args, env=ENV)
   assert result.returncode == 0, result.stderr
@@ -39,7 +39,7 @@ def test_plans_a_tiny_lm_for_a_tpu_slice_and_prints_the_winner(tmp_path):
       assert r[key] is not None, key
     assert r['batch_size'] * r['grad_accum_steps'] == 8
   assert any(r['status'] == 'skipped' for r in rows)
-  assert 'not compiled: the budget of 25 s ran out' in result.stderr
+  assert 'not compiled: the budget of 12 s ran out' in result.stderr
   best = next(r for r in rows if r['rank'] == 1)
   # The fastest, or within 0.5% of it and moving no more bytes (a tie).
   fastest = min(r['predicted_step_s'] for r in compiled if r['fits'])
