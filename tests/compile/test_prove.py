@@ -38,12 +38,14 @@ def test_compiles_at_fsdp_x_tensor_without_running():
 @pytest.mark.slow
 def test_scanned_step_does_not_grow_with_depth():
   """The compiled program's size, a proxy for compile time that no host
-  noise changes: the same at 2 and 8 layers scanned, ~4x unrolled."""
+  noise changes: the same at 2 and 8 layers scanned; unrolled, 4 layers
+  already ~1.8x 2 (8350 -> 15196 instructions; 8 unrolled layers would
+  only cost the suite a longer compile)."""
   scanned = [proved(small(n, True)).instructions for n in (2, 8)]
   unrolled = [proved(small(n, False, 'none')).instructions
-              for n in (2, 8)]
+              for n in (2, 4)]
   assert scanned[1] == pytest.approx(scanned[0], rel=0.05)
-  assert unrolled[1] > 2.5 * unrolled[0]
+  assert unrolled[1] > 1.6 * unrolled[0]
 
 
 @pytest.mark.slow
