@@ -25,8 +25,10 @@ from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import DecoderLM
 from jax_transformer.train import init_from
 
-# float32 on both sides; logits are O(1).
-TOLERANCE = 1e-5
+# float32 on both sides; logits reach about 5, where float32's spacing is
+# 4.8e-7: 2e-5 is about 40 of those, as in test_init_from. Measured over
+# eight devices with transformers 5.25: 5.7e-6 (Qwen2) to 1.1e-5 (Mistral).
+TOLERANCE = 2e-5
 
 
 def placed(folder, scan_layers=False, mesh_sizes=None):

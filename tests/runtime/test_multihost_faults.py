@@ -161,8 +161,24 @@ def test_a_stuck_process_and_the_one_waiting_on_it_both_end_with_124(
   assert 'in reached' not in waiting  # blocked in the step's collectives
 
 
-def start_workers(tmp_path):
-  address = f'127.0.0.1:{free_port()}'
+# What the coordinator says when the port free_port found was taken again
+# before it bound it (by a connection of another test's processes).
+PORT_TAKEN = 'Failed to add port to server'
+
+
+def start_workers(tmp_path, attempts=3):
+  """Two joined workers, their outputs and readers; on a new port when the
+  chosen one was taken meanwhile."""
+  for attempt in range(attempts):
+    started = start_workers_on(tmp_path, f'127.0.0.1:{free_port()}')
+    if started[0] is not None:
+      return started
+    if PORT_TAKEN not in started[1] or attempt == attempts - 1:
+      pytest.fail(started[1])
+
+
+def start_workers_on(tmp_path, address):
+  """(procs, outs, readers) once both joined, or (None, what they printed)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=1')
   procs = [subprocess.Popen(
@@ -176,7 +192,8 @@ def start_workers(tmp_path):
     if seen[-1] != 'ready\n':
       for q in procs:  # SIGKILL: JAX's runtime catches SIGTERM
         q.kill()
-      pytest.fail(''.join(seen))
+        q.wait()
+      return None, ''.join(seen)
   outs = [[], []]
   readers = [read_all(p, out) for p, out in zip(procs, outs)]
   return procs, outs, readers
