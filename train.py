@@ -185,4 +185,4 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=_flags_parser)
+  app.run(cli.then_exit(main), flags_parser=_flags_parser)

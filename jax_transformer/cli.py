@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import gc
 import importlib.util
 import inspect
 import os
@@ -66,6 +67,24 @@ def entry_point(prog: str) -> Callable[[Callable[..., int]],
     return run
 
   return decorate
+
+
+def then_exit(main: Callable[..., int]) -> Callable[..., int]:
+  """``main`` for a process that ends when it returns (``if __name__ ==
+  '__main__'`` only, never in-process): afterwards every object alive is
+  frozen (``gc.freeze``), so that the interpreter's shutdown does not walk
+  them in its garbage collections. A process that imported JAX, Flax and
+  TFDS spends 0.6-1.4 s of its exit there, 0.1 s frozen. Objects are still
+  freed by reference counting and atexit handlers still run."""
+
+  @functools.wraps(main)
+  def run(*args, **kwargs) -> int:
+    try:
+      return main(*args, **kwargs)
+    finally:
+      gc.freeze()
+
+  return run
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -311,4 +311,4 @@ def main(argv: Sequence[str] | None = None,
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.then_exit(main)())

@@ -189,4 +189,4 @@ def _own(row: dict) -> str:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.then_exit(main)())

@@ -239,4 +239,4 @@ def _main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.then_exit(main)())

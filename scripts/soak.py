@@ -488,4 +488,4 @@ def main_hard_kills(args) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.then_exit(main)())

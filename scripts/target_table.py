@@ -320,4 +320,4 @@ def pair_rows(config: str, target: str, timeout: float,
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  sys.exit(cli.then_exit(main)())

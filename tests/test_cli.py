@@ -213,3 +213,22 @@ def test_train_cli_misspelt_override_exits_2_in_one_line(tmp_path):
   assert 'Traceback' not in proc.stderr and proc.stdout == ''
   assert not (tmp_path / 'run').exists()
 
+
+
+def test_then_exit_keeps_the_status_and_freezes_what_is_alive():
+  """In a process of its own: frozen objects stay frozen for the rest of
+  it, which is the point at exit and a leak anywhere else."""
+  code = ('import gc, sys\n'
+          'from jax_transformer import cli\n'
+          'before = gc.get_freeze_count()\n'
+          'status = cli.then_exit(lambda: 3)()\n'
+          'print(before, gc.get_freeze_count() > 1000)\n'
+          'try:\n'
+          '  cli.then_exit(lambda: 1 / 0)()\n'
+          'except ZeroDivisionError:\n'
+          '  print("raised")\n'
+          'sys.exit(status)\n')
+  done = subprocess.run([sys.executable, '-c', code], cwd=repo.ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert done.returncode == 3, done.stderr
+  assert done.stdout.split() == ['0', 'True', 'raised'], done.stdout

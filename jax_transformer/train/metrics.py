@@ -4,6 +4,7 @@ hooks add), written to a JSONL file and TensorBoard events in the workdir.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -19,12 +20,15 @@ from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import optim, perf
 
 
+@functools.cache
 def _import_tensorboardx():
-  """tensorboardX, imported without PyTorch. Where torch is installed,
-  tensorboardX imports it (about 2 s of every start) only to accept torch
-  tensors, which this package never gives it; a None in sys.modules makes
-  that import fail as if torch were absent, and is taken out again so that
-  a later ``import torch`` works."""
+  """tensorboardX, imported without PyTorch, on the first writer (process 0
+  of a run; a decoding or evaluating process never needs it, and it is a
+  third of a second of every start). Where torch is installed,
+  tensorboardX imports it (about 2 s) only to accept torch tensors, which
+  this package never gives it; a None in sys.modules makes that import
+  fail as if torch were absent, and is taken out again so that a later
+  ``import torch`` works."""
   if 'torch' in sys.modules:
     import tensorboardX  # pylint: disable=g-import-not-at-top
     return tensorboardX
@@ -34,11 +38,6 @@ def _import_tensorboardx():
   finally:
     del sys.modules['torch']
   return tensorboardX
-
-
-_tensorboardx = _import_tensorboardx()
-SummaryWriter, record_writer = (_tensorboardx.SummaryWriter,
-                                _tensorboardx.record_writer)
 
 
 class MetricWriter:
@@ -99,9 +98,10 @@ class MetricWriter:
 
 def _tensorboard(paths: WorkdirPaths):
   """A TensorBoard writer under WORKDIR/tensorboard."""
+  tensorboardx = _import_tensorboardx()
   for kind in storage.REMOTE_SCHEMES:
-    record_writer.register_writer_factory(kind, _StoredEvents())
-  return SummaryWriter(str(paths.tensorboard))
+    tensorboardx.record_writer.register_writer_factory(kind, _StoredEvents())
+  return tensorboardx.SummaryWriter(str(paths.tensorboard))
 
 
 class _StoredEvents:
