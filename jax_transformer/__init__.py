@@ -8,6 +8,29 @@ once.
 """
 
 import importlib
+import importlib.abc
+import sys
+
+
+class _NotInIPython(importlib.abc.MetaPathFinder):
+  """flax.nnx asks, while it is imported, whether it runs inside IPython
+  (for colours), by importing IPython where it is installed: about 0.5 s
+  of every start of every process. Inside IPython, IPython is already
+  loaded and this finder is never asked; otherwise the answer is no, so
+  while flax.nnx is being imported, an IPython not yet loaded is reported
+  missing instead of imported. Any other import of IPython is untouched."""
+
+  def find_spec(self, name, path=None, target=None):
+    del path, target
+    nnx = sys.modules.get('flax.nnx')
+    if name == 'IPython' and getattr(getattr(nnx, '__spec__', None),
+                                     '_initializing', False):
+      raise ModuleNotFoundError('IPython is not running', name=name)
+    return None
+
+
+if not any(isinstance(f, _NotInIPython) for f in sys.meta_path):
+  sys.meta_path.insert(0, _NotInIPython())
 
 _HOMES = {
     'KVCache': 'model.attention',

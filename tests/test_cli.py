@@ -232,3 +232,19 @@ def test_then_exit_keeps_the_status_and_freezes_what_is_alive():
                         capture_output=True, text=True, timeout=60)
   assert done.returncode == 3, done.stderr
   assert done.stdout.split() == ['0', 'True', 'raised'], done.stdout
+
+
+def test_flax_is_imported_without_ipython_which_stays_importable():
+  """Where IPython is installed (it is on CI's machines), importing the
+  model does not import it, and a later import of it still works."""
+  code = ('import importlib.util, sys\n'
+          'import jax_transformer.model.models\n'
+          'print("flax.nnx" in sys.modules, "IPython" in sys.modules)\n'
+          'if importlib.util.find_spec("IPython"):\n'
+          '  import IPython\n'
+          '  print(IPython.get_ipython() is None)\n')
+  done = subprocess.run([sys.executable, '-c', code], cwd=repo.ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[:2] == ['True', 'False'], done.stdout
