@@ -214,7 +214,6 @@ def test_train_cli_misspelt_override_exits_2_in_one_line(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
-
 def test_then_exit_keeps_the_status_and_freezes_what_is_alive():
   """In a process of its own: frozen objects stay frozen for the rest of
   it, which is the point at exit and a leak anywhere else."""
@@ -235,8 +234,9 @@ def test_then_exit_keeps_the_status_and_freezes_what_is_alive():
 
 
 def test_flax_is_imported_without_ipython_which_stays_importable():
-  """Where IPython is installed (it is on CI's machines), importing the
-  model does not import it, and a later import of it still works."""
+  """Where IPython is installed (it is on this project's machines, though
+  no dependency asks for it), importing the model does not import it, and
+  a later import of it still works."""
   code = ('import importlib.util, sys\n'
           'import jax_transformer.model.models\n'
           'print("flax.nnx" in sys.modules, "IPython" in sys.modules)\n'
