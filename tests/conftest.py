@@ -1,5 +1,6 @@
-"""Eight CPU devices for sharding tests; float32 matmuls at full precision;
-one persistent XLA cache for the session."""
+"""Eight CPU devices for sharding tests, compiled quickly (xla_flags.py);
+float32 matmuls at full precision; one persistent XLA cache for the
+session."""
 
 import atexit
 import os
@@ -8,9 +9,12 @@ import tempfile
 import threading
 import time
 
-# Must be set before jax is imported anywhere in the test session.
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=8')
+import xla_flags
+
+# Must be set before jax is imported anywhere in the test session; the
+# processes tests start inherit it, or name their own (xla_flags.cpu).
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' +
+                           xla_flags.cpu(8))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax

@@ -6,13 +6,14 @@ import subprocess
 import sys
 
 import repo
+import xla_flags
 
 
 def train(workdir, data_dir, *flags, devices=8, wait=True,
           config='lm_shakespeare', env=None, **popen):
   """train.py on config's tiny preset; env: more environment variables."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+             XLA_FLAGS=xla_flags.cpu(devices),
              **(env or {}))
   cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'),
          '--config', os.path.join(repo.ROOT, f'configs/{config}.py:tiny'),

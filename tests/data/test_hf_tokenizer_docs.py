@@ -17,6 +17,7 @@ import hf_fixtures
 import numpy as np
 import pytest
 import repo
+import xla_flags
 
 from jax_transformer.data import tokenizers as tok
 
@@ -73,7 +74,7 @@ def test_every_documented_command_runs_offline(root):
   assert len(commands) == 4
   env = dict(os.environ, JAX_PLATFORMS='cpu', HF_HUB_OFFLINE='1',
              HF_DATASETS_CACHE=str(root / 'hf_cache'),
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags.cpu(8))
   for argv in commands:
     extra = {}
     while re.match(r'^[A-Z_]+=', argv[0]):

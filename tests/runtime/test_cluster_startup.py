@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import repo
+import xla_flags
 from tpu_vm_stand_in import MetadataServer
 from train_runs import free_port, together
 
@@ -29,7 +30,7 @@ def start(workdir, data_dir, *flags, devices, env, tpu_vm=False):
   base = {k: v for k, v in os.environ.items()
           if not k.startswith(_LAUNCH_PREFIXES) and k not in _LAUNCH_VARS}
   base.update(JAX_PLATFORMS='cpu',
-              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+              XLA_FLAGS=xla_flags.cpu(devices))
   stand_in = [os.path.join(repo.ROOT, 'tests', 'tpu_vm_stand_in.py')]
   cmd = [sys.executable, *(stand_in if tpu_vm else []),
          os.path.join(repo.ROOT, 'train.py'),

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import repo
+import xla_flags
 from train_runs import free_port, train
 
 from jax_transformer import data
@@ -180,7 +181,7 @@ def start_workers(tmp_path, attempts=3):
 def start_workers_on(tmp_path, address):
   """(procs, outs, readers) once both joined, or (None, what they printed)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+             XLA_FLAGS=xla_flags.cpu(1))
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(repo.TESTS, 'multihost_worker.py'), address,
        str(i), '5', str(tmp_path)], env=env, stdout=subprocess.PIPE,

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import repo
+import xla_flags
 
 from jax_transformer import data
 
@@ -28,7 +29,7 @@ def test_mpirun_ranks_join_one_job_and_train_on_a_mesh_of_2(
   env = {k: v for k, v in os.environ.items() if not k.startswith('OMPI_')}
   env.update(OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1',
              JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+             XLA_FLAGS=xla_flags.cpu(1))
   out = subprocess.run(
       ['mpirun', '-np', '2', '--oversubscribe', '-x', 'JAX_PLATFORMS',
        '-x', 'XLA_FLAGS', sys.executable, 'train.py',

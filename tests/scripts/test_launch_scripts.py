@@ -10,6 +10,7 @@ import time
 
 import pytest
 import repo
+import xla_flags
 
 from jax_transformer import data
 
@@ -21,7 +22,7 @@ UNTIL_DONE = os.path.join(repo.SCRIPTS, 'launch', 'train_until_done.sh')
 def until_done(workdir, data_dir, *flags, env=None, wait=True):
   """train_until_done.sh over lm_shakespeare:tiny on 1 CPU device."""
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'RESTART_DELAY_S': '0',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'XLA_FLAGS': xla_flags.cpu(1),
          **(env or {})}
   cmd = [shutil.which('bash'), UNTIL_DONE, '--config', 'lm_shakespeare:tiny',
          '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',

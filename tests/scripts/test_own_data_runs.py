@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import repo
 import tensorflow_datasets as tfds
+import xla_flags
 import zstandard
 
 pytestmark = pytest.mark.slow
@@ -80,7 +81,7 @@ def run(root, argv, env=None, check=True):
   cmd = [re.sub(r'^(lm_shakespeare|translate_ende)$', r'\1:tiny', a)
          for a in cmd]
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             XLA_FLAGS=xla_flags.cpu(8),
              **(env or {}))
   proc = subprocess.run(cmd + list(STEPS), cwd=root, env=env, text=True,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import repo
 import script_helpers
+import xla_flags
 
 from jax_transformer.model import params as params_lib
 from jax_transformer.workdirs import exporter, restore
@@ -222,7 +223,7 @@ def test_a_missing_gs_workdir_is_one_sentence(bucket, script, argv):
 
 @pytest.mark.slow
 def test_the_scripts_over_8_devices_equal_one_device(fsdp_workdir, tmp_path):
-  eight = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+  eight = {'XLA_FLAGS': xla_flags.cpu(8)}
   argv = ['--workdir', fsdp_workdir, '--input', PROMPT,
           '--max_new_tokens', '24']
   run = script_helpers.run_script('generate', *argv, env=eight)

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import repo
+import xla_flags
 from script_helpers import load_script
 
 from jax_transformer.experiment import Experiment
@@ -35,7 +36,7 @@ def train(home, workdir, *flags, steps=2):
   """train.py on lm_shakespeare:tiny, run from ``home`` with paths relative
   to it, on one CPU device; (exit status, output)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+             XLA_FLAGS=xla_flags.cpu(1))
   cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'), '--config',
          'lm_shakespeare:tiny', '--workdir', workdir, *FILES,
          f'--config.num_steps={steps}', '--config.sample.enabled=False',

@@ -16,6 +16,7 @@ import time
 import pytest
 import repo
 import slurm_cluster
+import xla_flags
 
 from jax_transformer import data
 from jax_transformer.runtime import faults
@@ -47,7 +48,7 @@ def submit(slurm, tmp_path, data_dir, *flags, tasks=1, env=None):
   per task; returns (job id, workdir, log path)."""
   work, log = tmp_path / 'w', tmp_path / 'slurm-%j.out'
   env = {'JAX_PLATFORMS': 'cpu', 'RESTART_DELAY_S': '0',
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=1',
+         'XLA_FLAGS': xla_flags.cpu(1),
          'PATH': os.path.dirname(sys.executable) + ':' + os.environ['PATH'],
          **(env or {})}
   job = slurm.sbatch(

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 import script_helpers
+import xla_flags
 
 from jax_transformer import data
 
@@ -91,7 +92,7 @@ def test_killed_damaged_and_resumed_training_equals_an_uninterrupted_run(
   # start JAX before the flag below, meant for the train.py it starts.
   jax.devices()
   # Two devices: sharded checkpoints, at less compile time than eight.
-  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=2')
+  monkeypatch.setenv('XLA_FLAGS', xla_flags.cpu(2))
   # Every phase of the last step with both signals (stops the trainer
   # reaches itself, so the same on any machine), then two random kills
   # (seed 6: SIGKILL mid-save, SIGKILL after 4 steps), and a damaged
