@@ -17,6 +17,7 @@ string is resolved on entry), local or in object storage.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import weakref
@@ -27,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
+from orbax.checkpoint._src.metadata import array_metadata_store
 
 from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
@@ -57,6 +59,25 @@ def open_checkpointers() -> list['Checkpointer']:
   return list(_OPEN)
 
 
+# Orbax divides the writing of a replicated array among its replicas by
+# slicing it on the devices first: an eager slice per array, each shape
+# compiled on first use. A replica's share under a megabyte is copied to
+# the host in microseconds, so the slicing only costs: a tiny LM's save took
+# 2.7 s, 0.3 s without it. Larger arrays are still divided.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
+
+
+@functools.cache
+def _divide_only_large_arrays() -> None:
+  """Orbax's handler for jax.Array, as its default (with the same metadata
+  store, from Orbax's private module: pinned <0.13) but for the bound."""
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(
+          array_metadata_store=array_metadata_store.Store(),
+          min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES),
+      override=True)
+
+
 class Checkpointer:
   """Saves every N steps (async), keeps the last K, restores any mesh."""
 
@@ -70,6 +91,7 @@ class Checkpointer:
     # own words; restore() reports it in ours.
     self.paths = resolve(workdir)
     with _quiet_orbax():
+      _divide_only_large_arrays()  # Orbax logs the override
       self.manager = ocp.CheckpointManager(
           self.paths.checkpoints,
           options=ocp.CheckpointManagerOptions(
