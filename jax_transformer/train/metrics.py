@@ -19,24 +19,29 @@ from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 from jax_transformer.train import optim, perf
 
+# What tensorboardX imports, where installed, for what this package never
+# asks of it: torch (about 2 s) to accept torch tensors; boto3 and Google's
+# storage client (0.45 s together) for its own s3:// and gs:// writers, in
+# whose place _tensorboard registers ours.
+UNUSED_BY_TENSORBOARDX = ('torch', 'boto3', 'google.cloud.storage')
+
 
 @functools.cache
 def _import_tensorboardx():
-  """tensorboardX, imported without PyTorch, on the first writer (process 0
-  of a run; a decoding or evaluating process never needs it, and it is a
-  third of a second of every start). Where torch is installed,
-  tensorboardX imports it (about 2 s) only to accept torch tensors, which
-  this package never gives it; a None in sys.modules makes that import
-  fail as if torch were absent, and is taken out again so that a later
-  ``import torch`` works."""
-  if 'torch' in sys.modules:
-    import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX
-  sys.modules['torch'] = None
+  """tensorboardX, imported on the first writer (process 0 of a run; a
+  decoding or evaluating process never needs it) without the modules of
+  UNUSED_BY_TENSORBOARDX that are not imported yet: a None in sys.modules
+  makes their import fail as if they were absent, and is taken out again
+  so that a later import of them works."""
+  hidden = [name for name in UNUSED_BY_TENSORBOARDX
+            if name not in sys.modules]
+  for name in hidden:
+    sys.modules[name] = None
   try:
     import tensorboardX  # pylint: disable=g-import-not-at-top
   finally:
-    del sys.modules['torch']
+    for name in hidden:
+      del sys.modules[name]
   return tensorboardX
 
 
