@@ -125,7 +125,8 @@ def test_imports_inside_functions_are_only_optional_dependencies():
   """Heavy optional packages (torch, transformers, fsspec's filesystems,
   pyarrow for Parquet corpora) may be imported where used; everything else
   is at the top, but for tensorboardX, which train/metrics.py imports with
-  torch hidden (it would import torch, seconds of every start)."""
+  torch, boto3 and Google's storage client hidden (it would import them,
+  seconds of every start)."""
   optional = ('torch', 'transformers', 'fsspec', 'pyarrow', 'tensorboardX',
               'jax_transformer.interop.torch_reference')
   inner = []

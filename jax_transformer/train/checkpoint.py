@@ -69,8 +69,9 @@ MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 @functools.cache
 def _divide_only_large_arrays() -> None:
-  """Orbax's handler for jax.Array, as its default (with the same metadata
-  store, from Orbax's private module: pinned <0.13) but for the bound."""
+  """Registers, once per process and for every Orbax save in it, a handler
+  for jax.Array as Orbax's default (with the same metadata store, from
+  Orbax's private module: pinned <0.13) but for the bound."""
   ocp.type_handlers.register_type_handler(
       jax.Array, ocp.type_handlers.ArrayHandler(
           array_metadata_store=array_metadata_store.Store(),

@@ -21,27 +21,30 @@ from jax_transformer.train import optim, perf
 
 # What tensorboardX imports, where installed, for what this package never
 # asks of it: torch (about 2 s) to accept torch tensors; boto3 and Google's
-# storage client (0.45 s together) for its own s3:// and gs:// writers, in
-# whose place _tensorboard registers ours.
-UNUSED_BY_TENSORBOARDX = ('torch', 'boto3', 'google.cloud.storage')
+# storage client (0.45 s together) for its own s3:// and gs:// event
+# writers. A workdir in s3:// is refused (runtime/storage.py), and for gs://
+# _tensorboard registers a writer of this package in place of its own.
+_HIDDEN_FROM_TENSORBOARDX = ('torch', 'boto3', 'google.cloud.storage')
 
 
 @functools.cache
 def _import_tensorboardx():
-  """tensorboardX, imported on the first writer (process 0 of a run; a
+  """Imports tensorboardX on the first writer (process 0 of a run; a
   decoding or evaluating process never needs it) without the modules of
-  UNUSED_BY_TENSORBOARDX that are not imported yet: a None in sys.modules
-  makes their import fail as if they were absent, and is taken out again
-  so that a later import of them works."""
-  hidden = [name for name in UNUSED_BY_TENSORBOARDX
+  _HIDDEN_FROM_TENSORBOARDX that are not imported yet: a None in
+  sys.modules makes their import fail as if they were absent, and is taken
+  out again so that a later import of them works. For that moment, another
+  thread's first import of one of them would fail too; a gs:// run has
+  imported Google's storage client long before (Orbax lists its steps)."""
+  hidden = [name for name in _HIDDEN_FROM_TENSORBOARDX
             if name not in sys.modules]
-  for name in hidden:
-    sys.modules[name] = None
   try:
+    for name in hidden:
+      sys.modules[name] = None
     import tensorboardX  # pylint: disable=g-import-not-at-top
   finally:
     for name in hidden:
-      del sys.modules[name]
+      sys.modules.pop(name, None)
   return tensorboardX
 
 

@@ -300,8 +300,9 @@ def test_train_compiles_for_two_h100_hosts_as_compile_at_size_does():
   GPU target compiles (it ended in "topology not implemented for cuda"),
   and the CUDA plugin's start-up lines are held back."""
   # 16 rows of 128 tokens and 2 layers, not the recipe's 512 of 1024 and
-  # 24: the start and the summary are the same at any batch and depth, at
-  # less than half the time (76 s -> 35 s, most of it the decode's compile).
+  # 24: the start lines and the summary's form are the same at any batch
+  # and depth, at less than half the time (76 s -> 35 s, most of it the
+  # decode's compile).
   out = train_aot('--config', 'lm_350m', '--aot_target', 'h100-16',
                   '--config.batch_size=16', '--config.eval_batch_size=16',
                   '--config.seq_len=128', '--config.model.num_decoder_layers=2',

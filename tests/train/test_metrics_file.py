@@ -97,18 +97,23 @@ def test_a_process_that_wrote_to_gs_exits_without_storage(tmp_path):
 def test_tensorboardx_comes_without_what_it_would_import_for_nothing():
   """A fresh process's first writer imports tensorboardX without torch,
   boto3 or Google's storage client (seconds of a start, for features this
-  package replaces or never uses); each is importable after."""
+  package replaces or never uses); each is importable after. The test
+  extra installs torch and the storage client, so they at least are
+  checked; boto3 is where installed."""
   check = (
-      'import sys\n'
+      'import importlib, importlib.util, sys\n'
       'from jax_transformer.train import metrics\n'
       'metrics._import_tensorboardx()\n'
-      "unused = ('torch', 'boto3', 'google.cloud.storage')\n"
-      'print(sorted(n for n in unused if n in sys.modules))\n'
-      'import importlib\n'
-      'for name in unused:\n'
+      "names = ('torch', 'boto3', 'google.cloud.storage')\n"
+      'print(sorted(n for n in names if n in sys.modules))\n'
+      'installed = [n for n in names if importlib.util.find_spec(n)]\n'
+      'for name in installed:\n'
       '  importlib.import_module(name)\n'
-      'print("imported after")\n')
+      'print(",".join(sorted(installed)))\n')
   out = subprocess.run([sys.executable, '-c', check], capture_output=True,
                        text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.split('\n')[:2] == ['[]', 'imported after'], out.stdout
+  imported, installed = out.stdout.split('\n')[:2]
+  assert imported == '[]', out.stdout
+  assert {'torch', 'google.cloud.storage'} <= set(installed.split(',')), (
+      out.stdout)
