@@ -3,7 +3,6 @@ is one line and exit status 75, and the byte tokenizer's rate is not
 compared with a "library" (UTF-8 encoding) billions of tokens a second
 fast."""
 
-import os
 import signal
 
 import prepare_data
@@ -24,7 +23,9 @@ def test_a_stop_signal_while_preparing_is_one_line_and_75(
     tmp_path, monkeypatch, capsys, name):
   def prepare(argv):
     del argv
-    os.kill(os.getpid(), getattr(signal, name))  # Ctrl-C: SIGINT
+    # raise_signal: delivered to this thread, handled before it returns
+    # (os.kill may land on another thread and run the handler later).
+    signal.raise_signal(getattr(signal, name))  # Ctrl-C: SIGINT
     raise AssertionError('not stopped')
   monkeypatch.setattr(prepare_data, 'prepare', prepare)
   before = signal.getsignal(signal.SIGTERM)

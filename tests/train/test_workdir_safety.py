@@ -299,7 +299,7 @@ def test_a_stop_signal_during_evaluation_saves_without_waiting_for_it(
     def counting(params, batch):
       batches.append(1)
       return eval_step(params, batch)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)  # handled before it returns
     return evaluate(counting, *args, **kwargs)
 
   monkeypatch.setattr(trainer, 'evaluate', signalled)
@@ -323,7 +323,7 @@ def test_a_final_evaluation_cut_by_a_stop_signal_is_finished_on_resume(
   evaluate = trainer.evaluate
 
   def signalled(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.raise_signal(signal.SIGTERM)  # handled before it returns
     return evaluate(*args, **kwargs)
 
   with monkeypatch.context() as patch:
