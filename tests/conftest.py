@@ -5,6 +5,7 @@ session."""
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -58,6 +59,23 @@ THREAD_GRACE_S = 10.0
 # Idle workers of a concurrent.futures pool (TFDS keeps one for the
 # process) are woken and joined by Python at exit: they do not hold it.
 POOL_WORKER = 'ThreadPoolExecutor-'
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def stop_signal_handlers_are_put_back():
+  """Fails a test that leaves a handler of its own on SIGINT or SIGTERM
+  (a run's Preemption that was never restored): the tests after it would
+  meet a Ctrl-C that only sets a stale flag. Puts the handlers back."""
+  before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+  yield
+  left = {s.name: h for s in STOP_SIGNALS
+          if (h := signal.getsignal(s)) is not before[s]}
+  for s, handler in before.items():
+    signal.signal(s, handler)
+  assert not left, f'signal handlers left installed: {left}'
 
 
 @pytest.fixture(autouse=True)
