@@ -187,24 +187,19 @@ class Stopped(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def stop_signals():
-  """SIGTERM raises Stopped, and SIGINT KeyboardInterrupt (in the main
-  thread; the previous handlers put back after). SIGINT's is set too: a
-  process that embeds this (a notebook, a test session) may have replaced
-  Python's own."""
+  """SIGTERM raises Stopped, as SIGINT raises KeyboardInterrupt (in the
+  main thread; its previous handler put back after)."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
   def stop(signum, frame):
     del signum, frame
     raise Stopped()
-  previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
-              signal.SIGINT: signal.signal(signal.SIGINT,
-                                           signal.default_int_handler)}
+  previous = signal.signal(signal.SIGTERM, stop)
   try:
     yield
   finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+    signal.signal(signal.SIGTERM, previous)
 
 
 @cli.entry_point(PROG)

@@ -61,14 +61,12 @@ THREAD_GRACE_S = 10.0
 POOL_WORKER = 'ThreadPoolExecutor-'
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 @pytest.fixture(autouse=True)
 def stop_signal_handlers_are_put_back():
   """Fails a test that leaves a handler of its own on SIGINT or SIGTERM
   (a run's Preemption that was never restored): the tests after it would
   meet a Ctrl-C that only sets a stale flag. Puts the handlers back."""
+  from jax_transformer.train.preemption import STOP_SIGNALS
   before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
   yield
   left = {s.name: h for s in STOP_SIGNALS

@@ -100,7 +100,7 @@ NEEDS = {'EXPORT': 'ende_export'}
 def _env(**extra: str) -> dict[str, str]:
   env = dict(os.environ)
   # conftest forces 8 host devices for the sharding tests; the examples run
-  # as a user would, on the one CPU device (compiled at -O0, as every CPU
+  # as a user would, on the one CPU device (compiled quickly, as every CPU
   # process of the session: xla_flags.py).
   flags = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
                    if not f.startswith('--xla_force_host_platform_device_count'))
