@@ -30,11 +30,11 @@ def test_a_stop_signal_while_preparing_is_one_line_and_75(
   # Ctrl-C reaches a process in the foreground, where SIGINT is Python's
   # own; a session started in the background by a script inherits it
   # ignored (and keeps it so, as prepare_data.py does).
-  ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
     rc = prepare_data.main(args(tmp_path, tmp_path / 'a.txt'))
   finally:
-    signal.signal(signal.SIGINT, ignored)
+    signal.signal(signal.SIGINT, previous)
   err = capsys.readouterr().err
   assert rc == exits.EXIT_INTERRUPTED == 75
   assert err.splitlines() == [
