@@ -306,8 +306,12 @@ class HuggingFaceTokenizer:
   def vocab_size(self) -> int:
     return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
-  def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
+  def encode(self, text: str, add_special_tokens: bool = False
+             ) -> list[int]:
+    """The text's ids; with add_special_tokens, framed as the file's
+    post-processor frames them (Llama's BOS first, GPT-2's nothing), as
+    transformers' tokenizers encode by default."""
+    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
   def id_to_token(self, i: int) -> str | None:
     return self._tok.id_to_token(i)

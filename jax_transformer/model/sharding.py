@@ -285,3 +285,24 @@ def check_batch(batch_size: int, mesh: Mesh) -> None:
     raise UsageError(f'Batch size {batch_size} is not divisible by the '
                      f'{shards} data x fsdp shards of the mesh; use a '
                      f'multiple of {shards}.')
+
+
+def fsdp_mesh(abstract_params: Mapping[str, jax.ShapeDtypeStruct],
+              logical_axes: Mapping[str, Sequence[str]],
+              devices: Sequence[jax.Device]) -> Mesh:
+  """The first k of ``devices`` on 'fsdp', k the largest divisor of their
+  number whose mesh divides every parameter (1 at worst): where a model
+  read for inference is placed when no training mesh says otherwise."""
+  devices = list(devices)
+  shapes = {k: v.shape for k, v in abstract_params.items()}
+  specs = param_specs(logical_axes)
+  for k in range(len(devices), 0, -1):
+    if len(devices) % k:
+      continue
+    mesh = make_mesh({'data': 1, 'fsdp': k, 'tensor': 1}, devices[:k])
+    try:
+      check_divisible(shapes, specs, mesh)
+    except UsageError:
+      continue
+    return mesh
+  raise AssertionError('unreachable: one device fits any parameters')

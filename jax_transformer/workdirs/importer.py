@@ -363,20 +363,8 @@ def reserved_id_notes(tokenizer) -> list[str]:
 
 def local_mesh(setup) -> jax.sharding.Mesh:
   """This host's devices on 'fsdp', as many as divide every parameter."""
-  devices = jax.local_devices()
-  shapes = {k: v.shape for k, v in setup.abstract_params.items()}
-  specs = sharding.param_specs(setup.model_def.logical_axes)
-  for k in range(len(devices), 0, -1):
-    if len(devices) % k:
-      continue
-    mesh = sharding.make_mesh({'data': 1, 'fsdp': k, 'tensor': 1},
-                              devices[:k])
-    try:
-      sharding.check_divisible(shapes, specs, mesh)
-    except UsageError:
-      continue
-    return mesh
-  raise AssertionError('unreachable: one device fits any parameters')
+  return sharding.fsdp_mesh(setup.abstract_params,
+                            setup.model_def.logical_axes, jax.local_devices())
 
 
 def import_hf(folder: str, path: str, cfg: Experiment,

@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import Experiment, base_config
+from jax_transformer.interop import hf_checkpoint
 from jax_transformer.model import sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
@@ -268,12 +269,42 @@ def load_model(workdir: str | WorkdirPaths, step: int | None = None,
                devices: Sequence[jax.Device] | None = None) -> Trained:
   """The checkpoint at ``step`` (default: the latest) of a trained workdir,
   sharded over this host's devices (or ``devices``) as ``inference_mesh``
-  chooses. Bad input raises UsageError in one sentence (see
-  open_workdir)."""
+  chooses; or a Hugging Face folder (a decoder family's config.json and
+  safetensors, or a model id in the local cache) read as the importer
+  reads it, nothing written. Bad input raises UsageError in one sentence
+  (see open_workdir)."""
+  folder = (hf_checkpoint.hf_folder(workdir) if isinstance(workdir, str)
+            else None)
+  if folder is not None:
+    return load_hf_folder(folder, workdir, step, devices)
   opened, params, step = load(workdir, step, devices)
   mesh = next(iter(params.values())).sharding.mesh
   return Trained(opened.model(params), opened.tokenizer, opened.config, step,
                  mesh)
+
+
+def load_hf_folder(folder: str, given: str, step: int | None = None,
+                   devices: Sequence[jax.Device] | None = None) -> Trained:
+  """A Hugging Face model folder as a trained model (step 0): every model
+  field from its config.json, its tokenizer, its tensors streamed onto
+  this host's devices on ``'fsdp'`` as ``import_params.py`` places them;
+  no optimizer is built and nothing is written."""
+  if step not in (None, 0):
+    raise UsageError(f'{given} is a Hugging Face folder: it has one set of '
+                     f'weights, not steps; drop --step {step}.')
+  source = hf_checkpoint.hf_source(folder, given)
+  cfg = init_from.apply_fields(Experiment.of(base_config()), given,
+                               source.model_kind, source.fields, set())
+  cfg = cfg.replace(init_from=given)
+  tokenizer = source.tokenizer()
+  setup = model_setup.build(cfg, tokenizer.vocab_size)
+  devices = list(jax.local_devices() if devices is None else devices)
+  mesh = sharding.fsdp_mesh(setup.abstract_params,
+                            setup.model_def.logical_axes, devices)
+  specs = sharding.param_specs(setup.model_def.logical_axes)
+  params = source.place(setup.model_config,
+                        {k: NamedSharding(mesh, specs[k]) for k in specs})
+  return Trained(setup.model_def.merge(params), tokenizer, cfg, 0, mesh)
 
 
 def load_for_inference(workdir: str | WorkdirPaths, step: int | None = None):
