@@ -4,6 +4,8 @@
     python scripts/evaluate.py --workdir runs/translate_ende \
         --average_last 5 --beam_size 4 --alpha 0.6       # the paper's settings
     python scripts/evaluate.py --workdir runs/lm_shakespeare    # perplexity
+    python scripts/evaluate.py --workdir runs/lm_shakespeare \
+        --tasks shakespeare_next_line,shakespeare_bpb --limit 100  # lm-eval
 
 Translation: decodes the split with the KV-cached beam search (greedy with
 ``--beam_size 1``), detokenizes, and scores with sacrebleu (corpus BLEU and
@@ -19,6 +21,16 @@ The workdir may be local or ``gs://`` (the eval/ files go beside it); the
 parameters are restored over this machine's devices as training sharded
 them (``restore.inference_mesh``), so one host of a pod scores what the pod
 trained.
+
+With ``--tasks`` it scores lm-evaluation-harness tasks instead
+(``jax_transformer.harness``; needs ``pip install -e '.[eval]'``), with
+lm-eval's own flags (``--num_fewshot``, ``--limit``, ``--include_path``,
+``--output_path``, ``--log_samples``, ``--seed``, ``--bootstrap_iters``),
+prints lm-eval's results table and writes results.json (and
+samples_<task>.jsonl with ``--log_samples``) to
+DIR/eval/harness-step<N>/ or ``--output_path``. ``--workdir`` may then also
+be a Hugging Face folder, read directly (nothing is written there: give
+``--output_path`` to keep the files).
 
 Prints one JSON object: the metrics, the step(s) read, the settings. Bad
 input is one sentence on stderr and exit code 2.
@@ -36,6 +48,8 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import storage
+from jax_transformer.runtime.workdir import resolve
 
 PROG = 'evaluate.py'
 
@@ -63,10 +77,49 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--batch_size', type=int, default=None,
                  help="sentences decoded (or LM rows scored) per batch; "
                       "default the config's eval_batch_size")
+  harness = p.add_argument_group(
+      'lm-evaluation-harness', 'score lm-eval tasks instead (--tasks)')
+  harness.add_argument('--tasks', default=None,
+                       help='lm-eval task or group names, comma-separated '
+                            '(the bundled shakespeare_next_line, '
+                            'shakespeare_continue, shakespeare_bpb among '
+                            'them)')
+  harness.add_argument('--num_fewshot', type=int, default=None,
+                       help="examples in each prompt (default: the task's)")
+  harness.add_argument('--limit', default=None,
+                       help='documents per task: a count, or a fraction < 1')
+  harness.add_argument('--include_path', default=None,
+                       help='a folder of task YAML files to add')
+  harness.add_argument('--output_path', default=None,
+                       help='where results.json and the samples go (default '
+                            'WORKDIR/eval/harness-step<N>/)')
+  harness.add_argument('--log_samples', action='store_true',
+                       help='write every request and answer per task')
+  harness.add_argument('--seed', type=int, default=0,
+                       help="lm-eval's seeds (python, numpy, few-shot) and "
+                            'the sampling key')
+  harness.add_argument('--bootstrap_iters', type=int, default=100000,
+                       help="lm-eval's bootstrap for the standard errors of "
+                            'non-mean metrics (0: none)')
   return p.parse_args(argv)
 
 
 def check_args(args: argparse.Namespace) -> None:
+  if args.tasks is None:
+    given = [f'--{k}' for k in ('num_fewshot', 'limit', 'include_path',
+                                'output_path') if getattr(args, k) is not None]
+    given += ['--log_samples'] * args.log_samples
+    if given:
+      raise UsageError(f'{", ".join(given)} go with --tasks (lm-eval tasks).')
+  else:
+    if args.average_last != 1 or args.split is not None:
+      raise UsageError('--average_last and --split go without --tasks; lm-eval '
+                       'tasks read their own data.')
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+      raise UsageError(f'--num_fewshot must be >= 0, got {args.num_fewshot}.')
+    if args.bootstrap_iters < 0:
+      raise UsageError('--bootstrap_iters must be >= 0, got '
+                       f'{args.bootstrap_iters}.')
   if args.beam_size < 1:
     raise UsageError(f'--beam_size must be at least 1, got {args.beam_size}.')
   if args.alpha < 0:
@@ -117,6 +170,78 @@ def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
   return {k.removeprefix('eval_'): v for k, v in metrics.items()}, {}
 
 
+def harness_settings(args: argparse.Namespace):
+  from jax_transformer.harness import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.Settings(
+      tasks.parse_tasks(args.tasks), args.num_fewshot,
+      tasks.parse_limit(args.limit), args.include_path, args.seed,
+      args.log_samples, args.bootstrap_iters)
+
+
+def _kind_of(workdir: str) -> str:
+  """The model kind a workdir (or Hugging Face folder) holds, read from
+  its config alone."""
+  from jax_transformer.interop import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
+  if hf_checkpoint.hf_folder(workdir) is not None:
+    return 'decoder_lm'
+  return restore.open_workdir(workdir).config.model_kind
+
+
+def run_harness(args: argparse.Namespace) -> dict:
+  """Scores lm-eval tasks; prints lm-eval's table; returns a summary."""
+  try:
+    from jax_transformer.harness import backend, tasks  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError as e:
+    raise UsageError(f'--tasks needs lm-eval ({e}); install it with pip '
+                     "install -e '.[eval]'.") from None
+  from jax_transformer.interop import hf_checkpoint  # pylint: disable=g-import-not-at-top
+  from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
+  settings = harness_settings(args)
+  if not resolve(args.workdir).root.is_dir():
+    raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
+                     'training workdir or a Hugging Face folder.')
+  if _kind_of(args.workdir) != 'decoder_lm':
+    raise UsageError(
+        'lm-eval tasks score decoder-only language models; this workdir '
+        'holds an encoder-decoder (a translation model): score it with '
+        'scripts/evaluate.py without --tasks (BLEU and chrF with beam '
+        'search).')
+  # Before the model is read: an unknown task or unreachable data costs
+  # no restore.
+  loaded = tasks.load_tasks(settings)
+  trained = restore.load_model(args.workdir, args.step)
+  batch_size = args.batch_size or trained.config.eval_batch_size
+  lm = backend.JaxTransformerLM(trained, batch_size, seed=args.seed)
+  start = time.perf_counter()
+  results = tasks.evaluate(lm, settings, loaded)
+  seconds = time.perf_counter() - start
+  print(tasks.table(results))
+  shapes = sorted(lm.scorer.shapes)
+  print(f'{PROG}: scored in {seconds:.1f} s; {len(shapes)} scoring '
+        f'programs compiled (at most {lm.scorer.bound()} for this model: '
+        f'batch x width x continuation {shapes})', file=sys.stderr)
+  hf = hf_checkpoint.hf_folder(args.workdir) is not None
+  out = None
+  if args.output_path is not None:
+    out = storage.path(args.output_path, '--output_path')
+  elif not hf:
+    out = resolve(args.workdir).root / 'eval' / f'harness-step{trained.step}'
+  summary = {'workdir': args.workdir, 'step': trained.step,
+             'tasks': list(settings.tasks),
+             'metrics': tasks.metrics(results), 'seconds': seconds,
+             'compiled_programs': len(shapes)}
+  if out is not None:
+    tasks.write(results, out)
+    (out / 'summary.json').write_text(json.dumps(summary, indent=2))
+    summary['output_dir'] = os.fspath(out)
+    print(f'{PROG}: results in {out}', file=sys.stderr)
+  else:
+    print(f'{PROG}: nothing written into the Hugging Face folder; give '
+          '--output_path to keep results.json', file=sys.stderr)
+  return summary
+
+
 def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
   from jax_transformer.data import corpus  # pylint: disable=g-import-not-at-top
@@ -163,7 +288,12 @@ def run(args: argparse.Namespace) -> dict:
 
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
-  print(json.dumps(run(parse_args(argv))))
+  args = parse_args(argv)
+  check_args(args)
+  if args.tasks is not None:
+    run_harness(args)
+    return 0
+  print(json.dumps(run(args)))
   return 0
 
 

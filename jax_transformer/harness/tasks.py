@@ -1,0 +1,216 @@
+"""Running lm-eval tasks on a model: the tasks found and loaded first (one
+sentence for an unknown task or data that cannot be reached), then
+``lm_eval.simple_evaluate``, then lm-eval's table and its results file.
+
+The bundled tasks (``tasks/``: ``shakespeare_next_line``,
+``shakespeare_continue``, ``shakespeare_bpb``, the tag ``shakespeare``) are
+always found; ``include_path`` adds a folder of task YAMLs. A task whose
+data lies on the Hugging Face Hub runs where the Hub can be reached or the
+data is in the local cache; anywhere else it is refused before the model is
+read, with the Hub switched to offline so that nothing retries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import socket
+from typing import Any
+
+from jax_transformer.errors import UsageError, named_line
+
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tasks')
+HUB = ('huggingface.co', 443)
+# dataset_path values that read local files (datasets' packaged builders).
+LOCAL_BUILDERS = ('json', 'csv', 'parquet', 'text', 'arrow')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What a run of tasks asks, in lm-eval's names."""
+  tasks: tuple[str, ...]
+  num_fewshot: int | None = None
+  limit: float | None = None       # a count (>= 1) or a fraction (< 1)
+  include_path: str | None = None
+  seed: int = 0
+  log_samples: bool = False
+  bootstrap_iters: int = 100000
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+  names = tuple(t.strip() for t in text.split(',') if t.strip())
+  if not names:
+    raise UsageError('--tasks is empty; give task names separated by commas, '
+                     'e.g. --tasks shakespeare_next_line,hellaswag.')
+  return names
+
+
+def parse_limit(text: str | float | None) -> float | None:
+  """lm-eval's --limit: a count of documents per task, or a fraction."""
+  if text is None:
+    return None
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if not value > 0 or (value >= 1 and value != int(value)):
+    raise UsageError(f'--limit must be a positive count of documents or a '
+                     f'fraction in (0, 1), got {text!r}.')
+  return int(value) if value >= 1 else value
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+  try:
+    socket.create_connection(HUB, timeout=timeout).close()
+    return True
+  except OSError:
+    return False
+
+
+def go_offline() -> None:
+  """Hub reads answer from the local cache or fail at once."""
+  os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
+  import datasets.config  # noqa: PLC0415
+  import huggingface_hub.constants  # noqa: PLC0415
+  datasets.config.HF_HUB_OFFLINE = True
+  datasets.config.HF_DATASETS_OFFLINE = True
+  huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def task_manager(include_path: str | None):
+  from lm_eval.tasks import TaskManager  # noqa: PLC0415
+  paths = [BUNDLED]
+  if include_path is not None:
+    if not os.path.isdir(include_path):
+      raise UsageError(f'--include_path {include_path} is not a directory of '
+                       'task YAML files.')
+    paths.append(include_path)
+  return TaskManager(include_path=paths)
+
+
+def _needs_hub(config: dict) -> bool:
+  path = config.get('dataset_path')
+  return bool(path) and path not in LOCAL_BUILDERS and not os.path.exists(
+      path)
+
+
+def load_tasks(settings: Settings) -> tuple[Any, dict]:
+  """(the TaskManager, lm-eval's task dict), every document loaded.
+  UsageError for an unknown task or data that cannot be read here."""
+  manager = task_manager(settings.include_path)
+  unknown = [t for t in settings.tasks if not manager.match_tasks([t])]
+  if unknown:
+    raise UsageError(
+        f'Unknown task {", ".join(map(repr, unknown))}: not among '
+        "lm-eval's tasks, the bundled ones (shakespeare_next_line, "
+        'shakespeare_continue, shakespeare_bpb) or the YAMLs under '
+        '--include_path.')
+  online = hub_reachable()
+  if not online:
+    go_offline()
+  from lm_eval.tasks import get_task_dict  # noqa: PLC0415
+  try:
+    return manager, get_task_dict(list(settings.tasks), manager)
+  except Exception as e:  # pylint: disable=broad-except
+    # datasets raises many types (ConnectionError, FileNotFoundError, its
+    # own): each is one sentence, naming the tasks.
+    cause = (' from the Hugging Face Hub, which cannot be reached from '
+             'here, and it is not in the local cache; run it once where the '
+             'Hub is reachable, or give a local task (--include_path)'
+             if not online else f' ({named_line(e)})')
+    raise UsageError(f'The data of {", ".join(settings.tasks)} cannot be '
+                     f'read{cause}.') from None
+
+
+def each_task(task_dict: dict):
+  """(name, Task) for every task of lm-eval's (nested) task dict."""
+  for key, value in task_dict.items():
+    if isinstance(value, dict):
+      yield from each_task(value)
+    else:
+      yield str(getattr(key, 'group_name', key)), value
+
+
+def check_fits(lm, task_dict: dict) -> None:
+  """Refuses a generation task whose max_gen_toks leaves no room for a
+  context in the model's length."""
+  for name, task in each_task(task_dict):
+    kwargs = getattr(task.config, 'generation_kwargs', None) or {}
+    new = kwargs.get('max_gen_toks')
+    if new is not None and int(new) >= lm.max_length:
+      raise UsageError(
+          f'Task {name} asks for {new} new tokens, which leaves no room '
+          f"for a context in the model's {lm.max_length}; lower its "
+          'max_gen_toks.')
+
+
+def evaluate(lm, settings: Settings, loaded: tuple | None = None) -> dict:
+  """lm-eval's results dict for ``settings`` (``loaded``: what
+  :func:`load_tasks` returned, when the caller loaded them first)."""
+  import lm_eval  # noqa: PLC0415
+  manager, task_dict = loaded or load_tasks(settings)
+  check_fits(lm, task_dict)
+  seed = settings.seed
+  return lm_eval.simple_evaluate(
+      # By name again: the task dict was loaded to refuse bad tasks early;
+      # its data is cached now.
+      model=lm, tasks=list(settings.tasks),
+      num_fewshot=settings.num_fewshot, limit=settings.limit,
+      log_samples=settings.log_samples, task_manager=manager,
+      bootstrap_iters=settings.bootstrap_iters, random_seed=seed,
+      numpy_random_seed=seed, torch_random_seed=None,
+      fewshot_random_seed=seed)
+
+
+def table(results: dict) -> str:
+  """lm-eval's results table (and its groups', where there are any)."""
+  from lm_eval.utils import make_table  # noqa: PLC0415
+  text = make_table(results)
+  if results.get('groups'):
+    text += '\n' + make_table(results, 'groups')
+  return text
+
+
+def metrics(results: dict) -> dict[str, float]:
+  """'task/metric' -> value, the numbers only (a metrics row)."""
+  out = {}
+  for task, values in results['results'].items():
+    for key, value in values.items():
+      metric = key.split(',')[0]
+      if (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and not metric.endswith('_stderr') and metric != 'sample_len'):
+        out[f'{task}/{metric}'] = float(value)
+  return out
+
+
+def write(results: dict, directory) -> list[str]:
+  """results.json (lm-eval's results, as its tracker saves them) and, when
+  samples were logged, samples_<task>.jsonl, into ``directory`` (an
+  epath.Path or a local path); returns the names written."""
+  from lm_eval.utils import handle_non_serializable  # noqa: PLC0415
+  directory = pathlib.Path(directory) if isinstance(directory, str) \
+      else directory
+  directory.mkdir(parents=True, exist_ok=True)
+  samples = results.get('samples') or {}
+  summary = {k: v for k, v in results.items() if k != 'samples'}
+  (directory / 'results.json').write_text(json.dumps(
+      summary, indent=2, default=handle_non_serializable, ensure_ascii=False))
+  names = ['results.json']
+  for task, rows in samples.items():
+    name = f'samples_{task}.jsonl'
+    (directory / name).write_text(''.join(
+        json.dumps(r, default=handle_non_serializable, ensure_ascii=False)
+        + '\n' for r in rows))
+    names.append(name)
+  return names
+
+
+def run(lm, settings: Settings, directory=None,
+        loaded: tuple | None = None) -> dict:
+  """Evaluates and writes the files into ``directory`` (if given)."""
+  results = evaluate(lm, settings, loaded)
+  if directory is not None:
+    write(results, directory)
+  return results
