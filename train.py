@@ -147,6 +147,19 @@ def sample_from_own_data(values: flags.FlagValues) -> None:
 
 
 @cli.entry_point(PROG)
+def harness_hooks(config) -> list:
+  """The hook scoring config.eval_harness's lm-eval tasks, if it names
+  any; their data is loaded now, before the run's."""
+  if not str(config.eval_harness.tasks).strip():
+    return []
+  try:
+    from jax_transformer.harness import during_training  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError as e:
+    raise UsageError(f'config.eval_harness needs lm-eval ({e}); install it '
+                     "with pip install -e '.[eval]'.") from None
+  return during_training.hooks_for(config)
+
+
 def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
   del argv  # parse_flags refused any argument that is not a flag
@@ -182,7 +195,8 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   print(distributed.describe_job(), flush=True)  # one line per process
   sample_from_own_data(values)
   try:
-    result = trainer.train_and_evaluate(values.config, values.workdir)
+    result = trainer.train_and_evaluate(values.config, values.workdir,
+                                        harness_hooks(values.config))
   except preemption.StoppedBeforeFirstStep as stopped:
     # Preparing the data or waiting for the first batch: one line.
     print(f'{PROG}: {stopped}', file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ a step's shape, the training batches, the evaluation).
 from jax_transformer.experiment.data import DataConfig
 from jax_transformer.experiment.parts import (
   EvalConfig,
+  EvalHarnessConfig,
   LoraConfig,
   MeshConfig,
   OptimConfig,
@@ -19,6 +20,6 @@ from jax_transformer.experiment.parts import (
 )
 from jax_transformer.experiment.run import Experiment, base_config
 
-__all__ = ['DataConfig', 'EvalConfig', 'Experiment', 'LoraConfig',
+__all__ = ['DataConfig', 'EvalConfig', 'EvalHarnessConfig', 'Experiment', 'LoraConfig',
            'MeshConfig', 'OptimConfig', 'ProfileConfig', 'SampleConfig',
            'StepShape', 'TrainBatches', 'base_config']

@@ -143,6 +143,23 @@ class SampleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalHarnessConfig:
+  """``config.eval_harness``: lm-evaluation-harness tasks scored during
+  training (``jax_transformer.harness``; the ``eval`` extra), their metrics
+  in the evaluation's rows as ``harness/<task>/<metric>``. tasks: names,
+  comma-separated ('': none); every: steps between scorings (None: every
+  eval_every, and the last step); limit: documents per task (a count, or a
+  fraction < 1); num_fewshot: None, the task's; include_path: a folder of
+  task YAMLs; batch_size: None, the run's eval_batch_size."""
+  tasks: str = ''
+  every: int | None = None
+  limit: float | None = None
+  num_fewshot: int | None = None
+  include_path: str | None = None
+  batch_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class StepShape:
   """The tokens of one train step's batch (``Experiment.step_shape``):
   what FLOPs, memory and step-time figures are counted from."""

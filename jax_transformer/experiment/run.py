@@ -11,6 +11,7 @@ room that uses it:
   data     ``data.DataConfig``     read by the whole data room
   optim    ``parts.OptimConfig``   ``train.optim.build(config.optim, ...)``
   sample   ``parts.SampleConfig``
+  eval_harness ``parts.EvalHarnessConfig``  ``harness.during_training``
   profile  ``parts.ProfileConfig``
 
 Nothing here imports JAX: a config file reads this package before JAX
@@ -36,6 +37,7 @@ from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig
 from jax_transformer.experiment.parts import (
   EvalConfig,
+  EvalHarnessConfig,
   LoraConfig,
   MeshConfig,
   OptimConfig,
@@ -125,6 +127,8 @@ class Experiment:
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   sample: SampleConfig = dataclasses.field(default_factory=SampleConfig)
+  eval_harness: EvalHarnessConfig = dataclasses.field(
+      default_factory=EvalHarnessConfig)
 
   @classmethod
   def of(cls, value: Any) -> Experiment:

@@ -35,7 +35,11 @@ import jax
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import (
+  get_rolling_token_windows,
+  make_disjoint_window,
+  simple_parse_args_string,
+)
 from tqdm import tqdm
 
 from jax_transformer import data
@@ -104,7 +108,6 @@ class JaxTransformerLM(TemplateLM):
                              ) -> JaxTransformerLM:
     """``workdir=W[,step=N][,batch_size=B][,max_gen_toks=M]``, as lm-eval's
     ``--model_args`` gives them."""
-    from lm_eval.utils import simple_parse_args_string  # noqa: PLC0415
     args = simple_parse_args_string(arg_string)
     extra = additional_config or {}
     if extra.get('batch_size') not in (None, 'auto'):

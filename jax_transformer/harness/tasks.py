@@ -19,6 +19,12 @@ import pathlib
 import socket
 from typing import Any
 
+import datasets.config
+import huggingface_hub.constants
+import lm_eval
+from lm_eval.tasks import TaskManager, get_task_dict
+from lm_eval.utils import handle_non_serializable, make_table
+
 from jax_transformer.errors import UsageError, named_line
 
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tasks')
@@ -72,15 +78,12 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def go_offline() -> None:
   """Hub reads answer from the local cache or fail at once."""
   os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
-  import datasets.config  # noqa: PLC0415
-  import huggingface_hub.constants  # noqa: PLC0415
   datasets.config.HF_HUB_OFFLINE = True
   datasets.config.HF_DATASETS_OFFLINE = True
   huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
 def task_manager(include_path: str | None):
-  from lm_eval.tasks import TaskManager  # noqa: PLC0415
   paths = [BUNDLED]
   if include_path is not None:
     if not os.path.isdir(include_path):
@@ -110,7 +113,6 @@ def load_tasks(settings: Settings) -> tuple[Any, dict]:
   online = hub_reachable()
   if not online:
     go_offline()
-  from lm_eval.tasks import get_task_dict  # noqa: PLC0415
   try:
     return manager, get_task_dict(list(settings.tasks), manager)
   except Exception as e:  # pylint: disable=broad-except
@@ -149,7 +151,6 @@ def check_fits(lm, task_dict: dict) -> None:
 def evaluate(lm, settings: Settings, loaded: tuple | None = None) -> dict:
   """lm-eval's results dict for ``settings`` (``loaded``: what
   :func:`load_tasks` returned, when the caller loaded them first)."""
-  import lm_eval  # noqa: PLC0415
   manager, task_dict = loaded or load_tasks(settings)
   check_fits(lm, task_dict)
   seed = settings.seed
@@ -166,7 +167,6 @@ def evaluate(lm, settings: Settings, loaded: tuple | None = None) -> dict:
 
 def table(results: dict) -> str:
   """lm-eval's results table (and its groups', where there are any)."""
-  from lm_eval.utils import make_table  # noqa: PLC0415
   text = make_table(results)
   if results.get('groups'):
     text += '\n' + make_table(results, 'groups')
@@ -189,7 +189,6 @@ def write(results: dict, directory) -> list[str]:
   """results.json (lm-eval's results, as its tracker saves them) and, when
   samples were logged, samples_<task>.jsonl, into ``directory`` (an
   epath.Path or a local path); returns the names written."""
-  from lm_eval.utils import handle_non_serializable  # noqa: PLC0415
   directory = pathlib.Path(directory) if isinstance(directory, str) \
       else directory
   directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,90 @@
+"""Batched, bucketed scoring equals the log-softmax of one full forward per
+request, on one device and split over the mesh's batch axes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jax_transformer as jt
+from jax_transformer.harness import scoring
+from jax_transformer.model import sharding
+
+
+@pytest.fixture(scope='module')
+def model():
+  config = jt.gpt2_small(vocab_size=97, num_decoder_layers=2, d_model=32,
+                         num_heads=4, d_ff=64, max_len=80)
+  return jt.DecoderLM(config, rngs=nnx.Rngs(0))
+
+
+def requests(n=13, seed=0, max_len=80):
+  rng = np.random.RandomState(seed)
+  out = []
+  for _ in range(n):
+    length = rng.randint(2, max_len + 1)
+    count = rng.randint(1, min(length, 12) + 1)
+    ids = tuple(int(x) for x in rng.randint(3, 97, length))
+    targets = tuple(int(x) for x in rng.randint(3, 97, count))
+    out.append(scoring.Request(ids, targets))
+  return out
+
+
+def one_by_one(model, request):
+  """log P(targets | inputs) from a full forward of the request alone."""
+  ids = jnp.array([request.inputs])
+  logp = jax.nn.log_softmax(model(ids), axis=-1)[0]
+  n = len(request.targets)
+  rows = logp[len(request.inputs) - n:]
+  picked = rows[jnp.arange(n), jnp.array(request.targets)]
+  greedy = bool((rows.argmax(-1) == jnp.array(request.targets)).all())
+  return float(picked.sum()), greedy
+
+
+def test_the_ladder_is_short_and_holds_every_length():
+  assert scoring.ladder(2048) == [32, 64, 128, 256, 512, 1024, 2048]
+  assert scoring.ladder(80) == [32, 64, 80]
+  assert [scoring.bucket(n, 80) for n in (1, 32, 33, 65, 80)] == [
+      32, 32, 64, 80, 80]
+  with pytest.raises(StopIteration):
+    scoring.bucket(81, 80)
+
+
+def test_batched_scores_equal_one_forward_each(model):
+  reqs = requests()
+  # A repeated request is scored once and answered twice.
+  reqs.append(reqs[3])
+  scorer = scoring.Scorer(model, batch_size=4)
+  got = scorer.score(reqs)
+  for request, (logprob, greedy) in zip(reqs, got):
+    want, want_greedy = one_by_one(model, request)
+    np.testing.assert_allclose(logprob, want, rtol=2e-5, atol=2e-5)
+    assert greedy == want_greedy
+  assert got[-1] == got[3]
+  # Widths and counts come from the ladders: at most their product.
+  assert 1 <= len(scorer.shapes) <= scorer.bound()
+  assert {w for _, w, _ in scorer.shapes} <= set(scoring.ladder(80))
+
+
+def test_a_greedy_continuation_is_flagged(model):
+  prompt = (5, 9, 14, 20)
+  ids = jnp.array([prompt])
+  best = int(model(ids)[0, -1].argmax())
+  worst = int(model(ids)[0, -1].argmin())
+  (_, yes), (_, no) = scoring.Scorer(model, 2).score(
+      [scoring.Request(prompt, (best,)), scoring.Request(prompt, (worst,))])
+  assert yes and not no
+
+
+def test_split_over_data_and_fsdp_equals_one_device(model):
+  reqs = requests(n=9, seed=1)
+  alone = scoring.Scorer(model, batch_size=8).score(reqs)
+  mesh = sharding.make_mesh({'data': 2, 'fsdp': 4, 'tensor': 1},
+                            jax.devices()[:8])
+  scorer = scoring.Scorer(model, batch_size=6, mesh=mesh)
+  assert scorer.batch_size == 8  # rounded up to the 8 batch shards
+  split = scorer.score(reqs)
+  for (a, ga), (b, gb) in zip(alone, split):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert ga == gb
