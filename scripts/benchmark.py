@@ -11,6 +11,7 @@ console.
     python scripts/benchmark.py --suite local_tier    # the local tier's cost
     python scripts/benchmark.py --suite plan          # the planner's model
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
+    python scripts/benchmark.py --suite harness --limit 200  # lm-eval
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -53,7 +54,12 @@ Suites (see ``jax_transformer/bench/``):
   on the devices at hand: its top three layouts of ``--plan_config``
   (default gpt2_small) on a GPU or TPU, eight layouts of a small LM on CPU
   host devices; Spearman's rank correlation and whether the predicted
-  fastest is the measured fastest.
+  fastest is the measured fastest;
+* ``harness``: the lm-eval backend against lm-eval's own Hugging Face
+  backend on a GPT-2-small-shaped checkpoint made here and the bundled
+  tasks (``--limit`` documents each, default 200, the same
+  ``--batch_size``), interleaved rounds (default 3): median wall times and
+  the median per-round ratio (goal: at most 0.5).
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -70,7 +76,7 @@ from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
-          'restart', 'local_tier')
+          'restart', 'local_tier', 'harness')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -110,6 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--restart_shapes', default='default,lm_350m',
                  help='restart: comma-separated, of default (the default '
                  'job) and lm_350m (lm_350m\'s model on 8 CPU host devices)')
+  p.add_argument('--limit', type=int, default=200,
+                 help='harness: documents per task')
+  p.add_argument('--batch_size', type=int, default=16,
+                 help='harness: rows per batch, both sides')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
@@ -134,11 +144,13 @@ def parse_args(argv=None) -> argparse.Namespace:
             f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
-    args.rounds = 2 if local else 7
+    args.rounds = 2 if local else 3 if args.suite == 'harness' else 7
   if args.steps is None:
     args.steps = 200 if local else 600
-  if args.rounds < 1 or args.steps < 1 or args.local_every < 1:
-    p.error('--rounds, --steps and --local_every must be positive.')
+  if min(args.rounds, args.steps, args.local_every, args.limit,
+         args.batch_size) < 1:
+    p.error('--rounds, --steps, --local_every, --limit and --batch_size '
+            'must be positive.')
   if local and args.steps % args.local_every:
     p.error(f'--local_every={args.local_every} does not divide '
             f'--steps={args.steps} (the workdir saves only at the last '
@@ -179,6 +191,9 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
   if args.suite == 'local_tier':
     from jax_transformer.bench import local_tier  # pylint: disable=g-import-not-at-top
     return list(local_tier.run(args.steps, args.rounds, args.local_every))
+  if args.suite == 'harness':
+    from jax_transformer.bench import harness  # pylint: disable=g-import-not-at-top
+    return harness.run(args.rounds, args.limit, args.batch_size)
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -204,7 +219,9 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'restart_over_warm', 'restart_compile_over_cold',
               'restart_xla_over_cold', 'side', 'round', 'steps',
               'checkpoint_s', 'local_saves', 'without_s', 'with_s',
-              'overhead_percent', 'load_average_before',
+              'overhead_percent', 'ours_wall_s', 'hf_wall_s',
+              'ratio_min', 'ratio_max', 'ours_first_round_s',
+              'hf_first_round_s', 'load_average_before',
               'load_average_after', 'load_average', 'error')
 
 
