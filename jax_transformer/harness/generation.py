@@ -3,13 +3,16 @@ the KV-cached decoder.
 
 Rows are sorted by length and decoded ``batch_size`` at a time through
 ``decoding.generate`` (widths rounded up to a multiple of 8, as
-``decoding.inference`` does, so batches share programs). A greedy batch
-first decodes :data:`FIRST_PASS` tokens: the rows whose text already holds
-a stop sequence (or that ended at EOS) are done, and only the others are
-decoded again to ``max_new_tokens``. Greedy decoding is deterministic, so
-the second pass repeats the first's tokens; a task that stops at a newline
-costs a few dozen steps, not ``max_gen_toks``. A sampled batch decodes
-``max_new_tokens`` at once (its draws depend on the batch).
+``decoding.inference`` does, so batches share programs; a last, short
+batch padded to a power of two of rows). A greedy batch first decodes
+:data:`FIRST_PASS` tokens: the rows whose text already holds a stop
+sequence (or that ended at EOS) are done, and only the others are decoded
+again to ``max_new_tokens``. Greedy decoding is deterministic, so the
+second pass repeats the first's tokens; a task that stops at a newline
+costs a few dozen steps, not ``max_gen_toks``. Once most rows of a batch
+outlive the first pass (a task that rarely stops early), later batches
+skip it. A sampled batch decodes ``max_new_tokens`` at once (its draws
+depend on the batch).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 
 from jax_transformer import decoding
 from jax_transformer.decoding.sampling import is_deterministic
+from jax_transformer.harness import scoring
 
 FIRST_PASS = 32
 ROUND_TO = 8
@@ -69,19 +73,20 @@ def generate_until(model, rows: Sequence[Sequence[int]],
   """The decoded continuation of each row (ids, laid out and truncated),
   cut before the first of ``stops``; in the given order."""
   order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-  size = batch_size
-  if mesh is not None:
-    data = mesh.shape.get('data', 1)
-    size = -(-size // data) * data
-  greedy = is_deterministic(sampler)
+  data = 1 if mesh is None else mesh.shape.get('data', 1)
+  size = -(-batch_size // data) * data
+  # A short first pass while it pays: once most rows of a batch outlive
+  # it, the next batches decode to the end at once.
+  short = is_deterministic(sampler)
   outputs: list[str] = [''] * len(rows)
   for b, start in enumerate(range(0, len(order), size)):
     batch = order[start:start + size]
     todo = batch
-    passes = ([min(FIRST_PASS, max_new_tokens)] if greedy else []) + [
+    passes = ([min(FIRST_PASS, max_new_tokens)] if short else []) + [
         max_new_tokens]
-    for n in dict.fromkeys(passes):  # one pass when they are equal
-      decoded = _decode_batch(model, [rows[i] for i in todo], size, n,
+    for p, n in enumerate(dict.fromkeys(passes)):  # one when they are equal
+      decoded = _decode_batch(model, [rows[i] for i in todo],
+                              scoring.rows_for(len(todo), size, data), n,
                               sampler, jax.random.fold_in(key, b), eos_id,
                               mesh)
       left = []
@@ -90,6 +95,8 @@ def generate_until(model, rows: Sequence[Sequence[int]],
         outputs[i] = text
         if not (stopped or ended):
           left.append(i)
+      if p == 0 and short and len(passes) > 1:
+        short = 2 * len(left) <= len(todo)
       todo = left
       if not todo:
         break

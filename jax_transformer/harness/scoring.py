@@ -45,6 +45,13 @@ def bucket(n: int, limit: int, start: int = MIN_WIDTH) -> int:
   return next(w for w in ladder(limit, start) if w >= n)
 
 
+def rows_for(n: int, batch_size: int, shards: int = 1) -> int:
+  """Rows of a batch holding n requests: batch_size, or for a last, short
+  batch the rung of ``ladder(batch_size, shards)`` that holds them (a
+  multiple of the mesh's batch shards)."""
+  return bucket(n, batch_size, shards)
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
   """inputs: the ids the model reads (left-truncated already); targets:
@@ -88,13 +95,16 @@ class Scorer:
     self.mesh = mesh
     shards = 1 if mesh is None else (
         mesh.shape['data'] * mesh.shape['fsdp'])
+    self.shards = shards
     self.batch_size = -(-batch_size // shards) * shards
     self.shapes: set[tuple[int, int, int]] = set()
 
   def bound(self) -> int:
-    """The most programs a run may compile: widths x continuation counts."""
+    """The most programs a run may compile: batch rows x widths x
+    continuation counts."""
     widths = ladder(self.max_len)
-    return sum(len(ladder(w, 1)) for w in widths)
+    rows = len(ladder(self.batch_size, self.shards))
+    return rows * sum(len(ladder(w, 1)) for w in widths)
 
   def score(self, requests: Sequence[Request], progress=None
             ) -> list[tuple[float, bool]]:
@@ -115,7 +125,7 @@ class Scorer:
   def _batch(self, rows: Sequence[Request]) -> list[tuple[float, bool]]:
     width = bucket(max(len(r.inputs) for r in rows), self.max_len)
     count = bucket(max(len(r.targets) for r in rows), width, 1)
-    b = self.batch_size
+    b = rows_for(len(rows), self.batch_size, self.shards)
     filled = [*rows, *rows[-1:] * (b - len(rows))]
     ids = np.zeros((b, width), np.int32)
     lengths = np.array([len(r.inputs) for r in filled])
