@@ -1,6 +1,6 @@
 """Writes the bundled lm-eval tasks' data from the plays' held-out text.
 
-    python scripts/build_harness_tasks.py     # rewrites jax_transformer/harness/tasks/*.jsonl
+    python scripts/build_harness_tasks.py   # rewrites harness/tasks/*.jsonl
 
 The speeches are the ``shakespeare`` dataset's validation paragraphs (the
 last 10% of each play, which the default job never trains on). Three

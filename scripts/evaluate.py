@@ -220,7 +220,8 @@ def run_harness(args: argparse.Namespace) -> dict:
   shapes = sorted(lm.scorer.shapes)
   print(f'{PROG}: scored in {seconds:.1f} s; {len(shapes)} scoring '
         f'programs compiled (at most {lm.scorer.bound()} for this model: '
-        f'batch x width x continuation {shapes})', file=sys.stderr)
+        f'prefix rows, prefix width, request rows, suffix width: '
+        f'{shapes})', file=sys.stderr)
   hf = hf_checkpoint.hf_folder(args.workdir) is not None
   out = None
   if args.output_path is not None:

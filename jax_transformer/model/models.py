@@ -144,7 +144,8 @@ class _Transformer(nnx.Module):
 
   def extend(self, ids: Array, cache: KVCache, mask: Array | None = None,
              positions: Array | None = None,
-             logits_at: Array | None = None) -> tuple[Array, KVCache]:
+             logits_at: Array | None = None,
+             return_hidden: bool = False) -> tuple[Array, KVCache]:
     """Runs new tokens against the cache: a whole prompt, or one step.
 
     ids [B, T] go into cache slots [index, index + T); mask [B, T] marks real
@@ -153,7 +154,8 @@ class _Transformer(nnx.Module):
     logits_at [B] int: the head runs only at these positions of ``ids``
     (a prefill needs the last real token's logits, not T x V of them).
     Returns (logits [B, T, V] float32, or [B, 1, V] with logits_at; the
-    updated cache).
+    updated cache). return_hidden: the final hidden states [B, T, D] (or
+    [B, 1, D]) under the head instead of logits (see ``head_kernel``).
 
     Slots past the cache's last are refused (see
     :func:`jax_transformer.model.attention.check_room`): a ValueError when
@@ -194,7 +196,7 @@ class _Transformer(nnx.Module):
       x = norm(x)
     cache = cache._replace(keys=tuple(keys), values=tuple(values),
                            valid=valid, index=cache.index + t)
-    return self._logits(x), cache
+    return (x if return_hidden else self._logits(x)), cache
 
 
 class EncoderDecoder(_Transformer):

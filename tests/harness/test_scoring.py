@@ -43,10 +43,15 @@ def one_by_one(model, request):
 
 
 def test_the_ladder_is_short_and_holds_every_length():
-  assert scoring.ladder(2048) == [32, 64, 128, 256, 512, 1024, 2048]
-  assert scoring.ladder(80) == [32, 64, 80]
+  assert scoring.ladder(2048)[:9] == [32, 40, 48, 56, 64, 80, 96, 112, 128]
+  assert len(scoring.ladder(2048)) == 25
+  assert scoring.ladder(80) == [32, 40, 48, 56, 64, 80]
+  assert scoring.ladder(16, 1) == [1, 2, 4, 8, 16]
+  assert scoring.ladder(96, 8, fine=False) == [8, 16, 32, 64, 96]
   assert [scoring.bucket(n, 80) for n in (1, 32, 33, 65, 80)] == [
-      32, 32, 64, 80, 80]
+      32, 32, 40, 80, 80]
+  # Rows of a short batch: powers of two, multiples of the shards.
+  assert [scoring.rows_for(n, 16, 8) for n in (1, 9, 16)] == [8, 16, 16]
   with pytest.raises(StopIteration):
     scoring.bucket(81, 80)
 
@@ -64,7 +69,23 @@ def test_batched_scores_equal_one_forward_each(model):
   assert got[-1] == got[3]
   # Widths and counts come from the ladders: at most their product.
   assert 1 <= len(scorer.shapes) <= scorer.bound()
-  assert {w for _, w, _ in scorer.shapes} <= set(scoring.ladder(80))
+  widths = {s[2] for s in scorer.shapes}
+  assert widths <= set(scoring.ladder(80))
+
+
+def test_choices_of_one_context_share_its_prefix(model):
+  """Four choices after one context: one prefix row, four request rows;
+  each answer as if scored alone (a single-token choice included)."""
+  context = tuple(range(3, 40))
+  choices = [(50,), (51, 52, 53), (60, 61), (70, 71, 72, 73, 74)]
+  reqs = [scoring.Request(context + c[:-1], c) for c in choices]
+  scorer = scoring.Scorer(model, batch_size=4)
+  got = scorer.score(reqs)
+  assert {s[:2] + s[3:4] for s in scorer.shapes} == {('shared', 1, 4)}
+  for request, (logprob, greedy) in zip(reqs, got):
+    want, want_greedy = one_by_one(model, request)
+    np.testing.assert_allclose(logprob, want, rtol=2e-5, atol=2e-5)
+    assert greedy == want_greedy
 
 
 def test_a_greedy_continuation_is_flagged(model):
@@ -78,7 +99,9 @@ def test_a_greedy_continuation_is_flagged(model):
 
 
 def test_split_over_data_and_fsdp_equals_one_device(model):
-  reqs = requests(n=9, seed=1)
+  context = tuple(range(3, 30))
+  reqs = requests(n=9, seed=1) + [  # and shared prefixes
+      scoring.Request(context + c[:-1], c) for c in [(5, 6), (7,), (8, 9)]]
   alone = scoring.Scorer(model, batch_size=8).score(reqs)
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 4, 'tensor': 1},
                             jax.devices()[:8])
