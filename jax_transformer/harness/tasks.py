@@ -13,15 +13,18 @@ read, with the Hub switched to offline so that nothing retries.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
 import socket
+import tempfile
 from typing import Any
 
 import datasets.config
 import huggingface_hub.constants
 import lm_eval
+import yaml
 from lm_eval.tasks import TaskManager, get_task_dict
 from lm_eval.utils import handle_non_serializable, make_table
 
@@ -83,8 +86,29 @@ def go_offline() -> None:
   huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
+@functools.cache
+def bundled_dir() -> str:
+  """The bundled YAMLs with their data_files made absolute, in a folder of
+  this process's (once): they name their data relative to the repository
+  root, as lm-eval's own command line reads them from there, and are found
+  so from any directory."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(BUNDLED)))
+  out = tempfile.mkdtemp(prefix='jax_transformer_tasks_')
+  for name in sorted(os.listdir(BUNDLED)):
+    if not name.endswith('.yaml'):
+      continue
+    with open(os.path.join(BUNDLED, name), encoding='utf-8') as f:
+      config = yaml.safe_load(f)
+    files = config.get('dataset_kwargs', {}).get('data_files', {})
+    for split, path in files.items():
+      files[split] = os.path.join(root, path)
+    with open(os.path.join(out, name), 'w', encoding='utf-8') as f:
+      yaml.safe_dump(config, f)
+  return out
+
+
 def task_manager(include_path: str | None):
-  paths = [BUNDLED]
+  paths = [bundled_dir()]
   if include_path is not None:
     if not os.path.isdir(include_path):
       raise UsageError(f'--include_path {include_path} is not a directory of '

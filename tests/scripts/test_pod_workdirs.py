@@ -167,6 +167,20 @@ def test_evaluate_scores_a_gs_workdir_and_writes_into_it(bucket, gcs,
   assert json.loads(written) == got
 
 
+def test_lm_eval_tasks_score_a_gs_workdir_and_write_into_it(bucket, gcs,
+                                                            gcs_bucket):
+  """From another directory (the bundled tasks are found from any)."""
+  remote, local = bucket
+  args = ['--tasks', 'shakespeare_next_line', '--limit', '4']
+  got = ok(EVALUATE, ['--workdir', remote, *args])
+  want = ok(EVALUATE, ['--workdir', local, *args])
+  assert '|shakespeare_next_line|' in got and got == want
+  written = json.loads(gcs.read(gcs_bucket,
+                                'run/eval/harness-step3/results.json'))
+  assert written['results']['shakespeare_next_line']['acc,none'] in (
+      0, 0.25, 0.5, 0.75, 1)
+
+
 def test_generate_decodes_a_gs_workdir(bucket, gcs, gcs_bucket):
   remote, local = bucket
   argv = ['--input', PROMPT, '--max_new_tokens', '12']
