@@ -25,7 +25,7 @@ import datasets.config
 import huggingface_hub.constants
 import lm_eval
 import yaml
-from lm_eval.tasks import TaskManager, get_task_dict
+from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
 from jax_transformer.errors import UsageError, named_line
@@ -124,7 +124,7 @@ def _needs_hub(config: dict) -> bool:
 
 
 def load_tasks(settings: Settings) -> tuple[Any, dict]:
-  """(the TaskManager, lm-eval's task dict), every document loaded.
+  """(the TaskManager, {task name: Task}), every document loaded.
   UsageError for an unknown task or data that cannot be read here."""
   manager = task_manager(settings.include_path)
   unknown = [t for t in settings.tasks if not manager.match_tasks([t])]
@@ -138,7 +138,7 @@ def load_tasks(settings: Settings) -> tuple[Any, dict]:
   if not online:
     go_offline()
   try:
-    return manager, get_task_dict(list(settings.tasks), manager)
+    return manager, manager.load(list(settings.tasks))['tasks']
   except Exception as e:  # pylint: disable=broad-except
     # datasets raises many types (ConnectionError, FileNotFoundError, its
     # own): each is one sentence, naming the tasks.
@@ -150,19 +150,10 @@ def load_tasks(settings: Settings) -> tuple[Any, dict]:
                      f'read{cause}.') from None
 
 
-def each_task(task_dict: dict):
-  """(name, Task) for every task of lm-eval's (nested) task dict."""
-  for key, value in task_dict.items():
-    if isinstance(value, dict):
-      yield from each_task(value)
-    else:
-      yield str(getattr(key, 'group_name', key)), value
-
-
 def check_fits(lm, task_dict: dict) -> None:
   """Refuses a generation task whose max_gen_toks leaves no room for a
-  context in the model's length."""
-  for name, task in each_task(task_dict):
+  context in the model's length (task_dict: name -> Task)."""
+  for name, task in task_dict.items():
     kwargs = getattr(task.config, 'generation_kwargs', None) or {}
     new = kwargs.get('max_gen_toks')
     if new is not None and int(new) >= lm.max_length:

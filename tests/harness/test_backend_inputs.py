@@ -9,7 +9,7 @@ import jax_transformer as jt
 from jax_transformer.data.tokenizers import ByteTokenizer
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment, base_config
-from jax_transformer.harness import JaxTransformerLM
+from jax_transformer.harness import JaxTransformerLM, tasks
 from jax_transformer.workdirs import restore
 
 MAX_LEN = 24
@@ -61,3 +61,10 @@ def test_an_encoder_decoder_is_refused_saying_how_to_score_it():
 def test_a_bad_batch_size_is_refused(value):
   with pytest.raises(UsageError, match='batch_size'):
     JaxTransformerLM(backend().trained, batch_size=value)
+
+
+def test_a_generation_task_with_no_room_for_its_context_is_refused():
+  """shakespeare_continue asks for 64 new tokens; the model holds 24."""
+  loaded = tasks.load_tasks(tasks.Settings(('shakespeare_continue',)))
+  with pytest.raises(UsageError, match='leaves no room'):
+    tasks.check_fits(backend(), loaded[1])
