@@ -146,7 +146,6 @@ def sample_from_own_data(values: flags.FlagValues) -> None:
                               lambda: cli.load_config(CONFIG_SPEC[0]))
 
 
-@cli.entry_point(PROG)
 def harness_hooks(config) -> list:
   """The hook scoring config.eval_harness's lm-eval tasks, if it names
   any; their data is loaded now, before the run's."""
@@ -160,6 +159,7 @@ def harness_hooks(config) -> list:
   return during_training.hooks_for(config)
 
 
+@cli.entry_point(PROG)
 def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   """Trains values.config into values.workdir; returns the exit status."""
   del argv  # parse_flags refused any argument that is not a flag

@@ -32,8 +32,9 @@ DIR/eval/harness-step<N>/ or ``--output_path``. ``--workdir`` may then also
 be a Hugging Face folder, read directly (nothing is written there: give
 ``--output_path`` to keep the files).
 
-Prints one JSON object: the metrics, the step(s) read, the settings. Bad
-input is one sentence on stderr and exit code 2.
+Prints one JSON object: the metrics, the step(s) read, the settings (with
+``--tasks``: lm-eval's table). Bad input is one sentence on stderr and exit
+code 2.
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def run_harness(args: argparse.Namespace) -> dict:
   from jax_transformer.interop import hf_checkpoint  # pylint: disable=g-import-not-at-top
   from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   settings = harness_settings(args)
-  if not resolve(args.workdir).root.is_dir():
+  hf = hf_checkpoint.hf_folder(args.workdir) is not None
+  if not hf and not resolve(args.workdir).root.is_dir():
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir or a Hugging Face folder.')
   if _kind_of(args.workdir) != 'decoder_lm':
@@ -222,7 +224,6 @@ def run_harness(args: argparse.Namespace) -> dict:
         f'programs compiled (at most {lm.scorer.bound()} for this model: '
         f'prefix rows, prefix width, request rows, suffix width: '
         f'{shapes})', file=sys.stderr)
-  hf = hf_checkpoint.hf_folder(args.workdir) is not None
   out = None
   if args.output_path is not None:
     out = storage.path(args.output_path, '--output_path')

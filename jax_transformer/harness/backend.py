@@ -29,7 +29,7 @@ their rolling windows start with one BOS.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from lm_eval.api.model import TemplateLM
@@ -71,12 +71,15 @@ class JaxTransformerLM(TemplateLM):
   trained: ``restore.Trained`` (the model with its parameters, tokenizer,
     config, step and mesh); batch_size: rows per batch (rounded up to a
     multiple of the mesh's batch shards); max_gen_toks: the default most
-    new tokens of ``generate_until``.
+    new tokens of ``generate_until``; seed: the sampling key's;
+    heartbeat: called after every batch (a trainer's stall watch hears
+    that the run is alive).
   """
 
   def __init__(self, trained: restore.Trained,
                batch_size: int = DEFAULT_BATCH_SIZE,
-               max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, seed: int = 0):
+               max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, seed: int = 0,
+               heartbeat: Callable[[], None] | None = None):
     super().__init__()
     if trained.kind != 'decoder_lm':
       raise UsageError(
@@ -94,6 +97,7 @@ class JaxTransformerLM(TemplateLM):
     self._batch_size = _positive_int('batch_size', batch_size)
     self._max_gen_toks = _positive_int('max_gen_toks', max_gen_toks)
     self.seed = seed
+    self._heartbeat = heartbeat or (lambda: None)
     self.scorer = scoring.Scorer(self.model, self._batch_size, self.mesh)
 
   @classmethod
@@ -170,6 +174,12 @@ class JaxTransformerLM(TemplateLM):
   def tok_decode(self, tokens) -> str:
     return self.trained.tokenizer.decode(tokens)
 
+  def _progress(self, bar) -> Callable[[int], None]:
+    def done(n: int) -> None:
+      bar.update(n)
+      self._heartbeat()
+    return done
+
   # ------------------------------------------------------------------
   # Log-likelihoods.
 
@@ -189,7 +199,7 @@ class JaxTransformerLM(TemplateLM):
              ) -> list[tuple[float, bool]]:
     with tqdm(total=len(requests), disable=disable_tqdm, file=sys.stderr,
               desc=what) as bar:
-      return self.scorer.score(requests, bar.update)
+      return self.scorer.score(requests, self._progress(bar))
 
   def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,
                             **kwargs) -> list[tuple[float, bool]]:
@@ -259,7 +269,7 @@ class JaxTransformerLM(TemplateLM):
             sampler=self._sampler(kwargs),
             key=jax.random.key(self.seed), eos_id=self._eos,
             batch_size=self.batch_size, mesh=self.mesh,
-            progress=bar.update)
+            progress=self._progress(bar))
         for i, text in zip(members, texts):
           outputs[i] = text
           self.cache_hook.add_partial('generate_until', requests[i].args,

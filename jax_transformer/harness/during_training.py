@@ -7,9 +7,11 @@ one sentence then. At every ``eval_harness.every`` steps (default: every
 evaluation) and at the last step, the run's current parameters, where
 they are on the run's mesh, are scored; the metrics join that step's row
 (``metrics.jsonl`` and TensorBoard) as ``harness/<task>/<metric>``, and the
-time is the goodput's evaluation part. Every process of a multi-host run
-scores the same requests together (each batch split over the mesh's batch
-axes); process 0 prints lm-eval's table.
+time is the goodput's evaluation part; each batch scored is an
+``evaluating`` moment, which the stall watch hears. Every process of a
+multi-host run runs the same requests (each batch split over the mesh's
+batch axes, the answers gathered to every process); process 0 prints
+lm-eval's table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def settings_of(cfg: Experiment) -> tasks.Settings | None:
   if h.every is not None and (isinstance(h.every, bool) or h.every < 1):
     raise UsageError(f'config.eval_harness.every must be a positive integer, '
                      f'got {h.every!r}.')
+  if h.every is not None and h.every % cfg.log_every:
+    raise UsageError(f'config.eval_harness.every={h.every} is not a multiple '
+                     f'of config.log_every={cfg.log_every}: tasks are scored '
+                     'into a metrics row, which comes every log_every steps.')
   if h.batch_size is not None and h.batch_size < 1:
     raise UsageError('config.eval_harness.batch_size must be a positive '
                      f'integer, got {h.batch_size!r}.')
@@ -50,6 +56,8 @@ class HarnessEvaluation:
     self._every = cfg.eval_harness.every or cfg.eval_every
     self._batch_size = cfg.eval_harness.batch_size or cfg.eval_batch_size
     self._loaded = tasks.load_tasks(settings)
+    tasks.check_fits(cfg.model.max_len, self._loaded[1],
+                     backend.DEFAULT_MAX_GEN_TOKS)
 
   def due(self, step: int, last: bool) -> bool:
     return step > 0 and (step % self._every == 0 or last)
@@ -59,8 +67,10 @@ class HarnessEvaluation:
       return
     trained = restore.Trained(run.setup.model_def.merge(run.state['params']),
                               run.tokenizer, self._cfg, run.step, run.mesh)
-    lm = backend.JaxTransformerLM(trained, self._batch_size,
-                                  seed=self._cfg.seed)
+    # Every batch tells the hooks (the stall watch) the run is alive.
+    lm = backend.JaxTransformerLM(
+        trained, self._batch_size, seed=self._cfg.seed,
+        heartbeat=lambda: run.hooks.evaluating(run, run.step))
     results = tasks.evaluate(lm, self._settings, self._loaded)
     run.log(f'lm-eval tasks at step {run.step}:\n{tasks.table(results)}')
     row.update({f'harness/{k}': v for k, v in tasks.metrics(results).items()})

@@ -53,9 +53,9 @@ def _decode_batch(model, rows: Sequence[Sequence[int]], size: int,
   for i, row in enumerate(filled):
     ids[i, :len(row)] = row
   mask = np.arange(width) < np.array([[len(r)] for r in filled])
-  out = decoding.generate(model, ids, mask, max_new_tokens=new_tokens,
-                          sampler=sampler, key=key,
-                          eos_id=eos_id, mesh=mesh)
+  out = scoring.on_host(decoding.generate(
+      model, ids, mask, max_new_tokens=new_tokens, sampler=sampler, key=key,
+      eos_id=eos_id, mesh=mesh))
   results = []
   for r in range(len(rows)):
     tokens = decoding.row_tokens(out, r)

@@ -15,11 +15,14 @@ extends them with its suffix; the head runs at the continuation's positions
 only. Requests are ordered so that equal prefixes meet in one batch,
 longest first, ``batch_size`` requests at a time.
 
-Every dimension is padded to a rung of a short ladder (widths: powers of
-two from :data:`MIN_WIDTH`, and ``max_len``; suffixes and row counts:
-powers of two), so the number of compiled programs is bounded by the
+Every dimension is padded to a rung of a short ladder (widths: four
+rungs per octave from :data:`MIN_WIDTH` up to ``max_len``; suffixes the
+same from 1; row counts: doublings of the mesh's batch shards up to
+``batch_size``), so the number of compiled programs is bounded by the
 ladders, whatever the task; both stages' batches are split over the
-mesh's batch axes (``'data'`` and ``'fsdp'``).
+mesh's batch axes (``'data'`` and ``'fsdp'``). A batch that sharing would
+not save :data:`SHARING_PAYS` of its tokens takes one plain forward per
+request instead.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from jax_transformer.model import sharding
@@ -56,6 +60,14 @@ def bucket(n: int, limit: int, start: int = MIN_WIDTH,
            fine: bool = True) -> int:
   """The smallest rung of ``ladder(limit, start, fine)`` that holds n."""
   return next(w for w in ladder(limit, start, fine) if w >= n)
+
+
+def on_host(tree):
+  """Host copies of arrays that may span other processes' devices (a
+  multi-host run's batch): every process gets the whole."""
+  if jax.process_count() > 1:
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
 
 
 def rows_for(n: int, batch_size: int, shards: int = 1) -> int:
@@ -166,7 +178,7 @@ class Scorer:
 
   model: a DecoderLM (its parameters where they are: on ``mesh``, or one
     device); batch_size: rows per batch, rounded up to a multiple of the
-    mesh's batch shards; max_len: the longest input (the model's).
+    mesh's batch shards. Inputs are at most the model's ``max_len``.
   ``shapes`` holds the shape of every program compiled so far.
   """
 
@@ -212,7 +224,7 @@ class Scorer:
       placed = jax.device_put(batch, sharding.batch_sharding(self.mesh))
       with jax.set_mesh(self.mesh):
         out = fn(self.graphdef, self.state, *placed)
-    return jax.device_get(out)
+    return on_host(out)
 
   def _batch(self, rows: Sequence[Request]) -> list[tuple[float, bool]]:
     prefixes = list(dict.fromkeys(r.inputs[:r.split] for r in rows))

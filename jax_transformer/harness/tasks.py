@@ -25,6 +25,7 @@ import datasets.config
 import huggingface_hub.constants
 import lm_eval
 import yaml
+from lm_eval.models.utils import normalize_gen_kwargs
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import handle_non_serializable, make_table
 
@@ -32,8 +33,6 @@ from jax_transformer.errors import UsageError, named_line
 
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tasks')
 HUB = ('huggingface.co', 443)
-# dataset_path values that read local files (datasets' packaged builders).
-LOCAL_BUILDERS = ('json', 'csv', 'parquet', 'text', 'arrow')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +116,6 @@ def task_manager(include_path: str | None):
   return TaskManager(include_path=paths)
 
 
-def _needs_hub(config: dict) -> bool:
-  path = config.get('dataset_path')
-  return bool(path) and path not in LOCAL_BUILDERS and not os.path.exists(
-      path)
-
-
 def load_tasks(settings: Settings) -> tuple[Any, dict]:
   """(the TaskManager, {task name: Task}), every document loaded.
   UsageError for an unknown task or data that cannot be read here."""
@@ -150,16 +143,22 @@ def load_tasks(settings: Settings) -> tuple[Any, dict]:
                      f'read{cause}.') from None
 
 
-def check_fits(lm, task_dict: dict) -> None:
-  """Refuses a generation task whose max_gen_toks leaves no room for a
-  context in the model's length (task_dict: name -> Task)."""
+def check_fits(max_length: int, task_dict: dict,
+               default_new_tokens: int) -> None:
+  """Refuses a generation task whose new tokens (its max_gen_toks or an
+  alias, else ``default_new_tokens``) leave no room for a context in a
+  model of ``max_length`` (task_dict: name -> Task)."""
   for name, task in task_dict.items():
-    kwargs = getattr(task.config, 'generation_kwargs', None) or {}
-    new = kwargs.get('max_gen_toks')
-    if new is not None and int(new) >= lm.max_length:
+    if getattr(task.config, 'output_type', None) != 'generate_until':
+      continue
+    kwargs = normalize_gen_kwargs(
+        dict(getattr(task.config, 'generation_kwargs', None) or {}),
+        default_new_tokens)
+    new = int(kwargs['max_gen_toks'])
+    if new >= max_length:
       raise UsageError(
           f'Task {name} asks for {new} new tokens, which leaves no room '
-          f"for a context in the model's {lm.max_length}; lower its "
+          f"for a context in the model's {max_length}; lower its "
           'max_gen_toks.')
 
 
@@ -167,7 +166,7 @@ def evaluate(lm, settings: Settings, loaded: tuple | None = None) -> dict:
   """lm-eval's results dict for ``settings`` (``loaded``: what
   :func:`load_tasks` returned, when the caller loaded them first)."""
   manager, task_dict = loaded or load_tasks(settings)
-  check_fits(lm, task_dict)
+  check_fits(lm.max_length, task_dict, lm.max_gen_toks)
   seed = settings.seed
   return lm_eval.simple_evaluate(
       # By name again: the task dict was loaded to refuse bad tasks early;
@@ -189,14 +188,18 @@ def table(results: dict) -> str:
 
 
 def metrics(results: dict) -> dict[str, float]:
-  """'task/metric' -> value, the numbers only (a metrics row)."""
+  """'task/metric' (or 'task/metric,filter' for a filter other than
+  lm-eval's 'none') -> value, the numbers only (a metrics row)."""
   out = {}
   for task, values in results['results'].items():
     for key, value in values.items():
-      metric = key.split(',')[0]
+      metric, _, kept = key.partition(',')
       if (isinstance(value, (int, float)) and not isinstance(value, bool)
           and not metric.endswith('_stderr') and metric != 'sample_len'):
-        out[f'{task}/{metric}'] = float(value)
+        # A task's filters (gsm8k's strict-match, flexible-extract) each
+        # keep their figure.
+        name = metric if kept in ('', 'none') else f'{metric},{kept}'
+        out[f'{task}/{name}'] = float(value)
   return out
 
 

@@ -136,8 +136,13 @@ def hf_folder(path: str) -> str | None:
   the Hugging Face cache (offline); None when it is neither."""
   config = os.path.join(path, HF_CONFIG)
   if os.path.isfile(config):
-    with open(config) as f:
-      return path if 'model_type' in json.load(f) else None
+    try:
+      with open(config) as f:
+        fields = json.load(f)
+    except ValueError:  # not JSON: a damaged workdir's, said where it opens
+      return None
+    return path if isinstance(fields, dict) and 'model_type' in fields \
+        else None
   if os.path.exists(path) or path.count('/') != 1:
     return None
   hub = os.environ.get('HF_HUB_CACHE') or os.path.join(

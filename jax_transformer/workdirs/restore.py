@@ -297,7 +297,10 @@ def load_hf_folder(folder: str, given: str, step: int | None = None,
                                source.model_kind, source.fields, set())
   cfg = cfg.replace(init_from=given)
   tokenizer = source.tokenizer()
-  setup = model_setup.build(cfg, tokenizer.vocab_size)
+  try:
+    setup = model_setup.build(cfg, tokenizer.vocab_size)
+  except ValueError as e:  # a field out of range, said in one sentence
+    raise UsageError(str(e)) from None
   devices = list(jax.local_devices() if devices is None else devices)
   mesh = sharding.fsdp_mesh(setup.abstract_params,
                             setup.model_def.logical_axes, devices)

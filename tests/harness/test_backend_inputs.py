@@ -67,4 +67,4 @@ def test_a_generation_task_with_no_room_for_its_context_is_refused():
   """shakespeare_continue asks for 64 new tokens; the model holds 24."""
   loaded = tasks.load_tasks(tasks.Settings(('shakespeare_continue',)))
   with pytest.raises(UsageError, match='leaves no room'):
-    tasks.check_fits(backend(), loaded[1])
+    tasks.check_fits(MAX_LEN, loaded[1], 256)

@@ -58,8 +58,6 @@ def test_tasks_are_scored_during_training(trained):
   for r in scored:
     assert 0 <= r['harness/shakespeare_next_line/acc'] <= 1
     assert 'harness/shakespeare_continue/chrf' in r
-  # Charged to the evaluation part of the goodput account.
-  assert rows(workdir)[-1]['total_eval_s'] > 0
 
 
 def test_evaluate_prints_lm_evals_table_for_a_workdir(trained, tmp_path):

@@ -98,16 +98,21 @@ def test_a_greedy_continuation_is_flagged(model):
   assert yes and not no
 
 
-def test_split_over_data_and_fsdp_equals_one_device(model):
-  context = tuple(range(3, 30))
-  reqs = requests(n=9, seed=1) + [  # and shared prefixes
-      scoring.Request(context + c[:-1], c) for c in [(5, 6), (7,), (8, 9)]]
+@pytest.mark.parametrize('shared', [False, True])
+def test_split_over_data_and_fsdp_equals_one_device(model, shared):
+  """Each path (one forward per request; a shared prefix) on a mesh of 2 x
+  4 host devices gives the answers of one device."""
+  context = tuple(range(3, 40))
+  reqs = ([scoring.Request(context + (c,) * k, (c,) * (k + 1))
+           for k, c in enumerate(range(50, 58))] if shared
+          else requests(n=9, seed=1))
   alone = scoring.Scorer(model, batch_size=8).score(reqs)
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 4, 'tensor': 1},
                             jax.devices()[:8])
   scorer = scoring.Scorer(model, batch_size=6, mesh=mesh)
   assert scorer.batch_size == 8  # rounded up to the 8 batch shards
   split = scorer.score(reqs)
+  assert {s[0] for s in scorer.shapes} == {'shared' if shared else 'whole'}
   for (a, ga), (b, gb) in zip(alone, split):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert ga == gb
