@@ -204,11 +204,7 @@ def run_harness(args: argparse.Namespace) -> dict:
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir or a Hugging Face folder.')
   if _kind_of(args.workdir) != 'decoder_lm':
-    raise UsageError(
-        'lm-eval tasks score decoder-only language models; this workdir '
-        'holds an encoder-decoder (a translation model): score it with '
-        'scripts/evaluate.py without --tasks (BLEU and chrF with beam '
-        'search).')
+    raise UsageError(backend.ENCODER_DECODER)
   # Before the model is read: an unknown task or unreachable data costs
   # no restore.
   loaded = tasks.load_tasks(settings)

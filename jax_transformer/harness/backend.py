@@ -51,6 +51,10 @@ from jax_transformer.harness.scoring import Request
 from jax_transformer.workdirs import restore
 
 DEFAULT_BATCH_SIZE = 16
+ENCODER_DECODER = (
+    'lm-eval tasks score decoder-only language models; this workdir holds '
+    'an encoder-decoder (a translation model): score it with '
+    'scripts/evaluate.py without --tasks (BLEU and chrF with beam search).')
 DEFAULT_MAX_GEN_TOKS = 256
 
 
@@ -82,11 +86,7 @@ class JaxTransformerLM(TemplateLM):
                heartbeat: Callable[[], None] | None = None):
     super().__init__()
     if trained.kind != 'decoder_lm':
-      raise UsageError(
-          'lm-eval tasks score decoder-only language models; this workdir '
-          'holds an encoder-decoder (a translation model): score it with '
-          'scripts/evaluate.py without --tasks (BLEU and chrF with beam '
-          'search).')
+      raise UsageError(ENCODER_DECODER)
     self.trained = trained
     self.model = trained.model
     self.mesh = trained.mesh

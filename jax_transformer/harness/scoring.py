@@ -215,6 +215,8 @@ class Scorer:
         answers[row] = answer
       if progress is not None:
         progress(len(rows))
+    if progress is not None and len(requests) > len(unique):
+      progress(len(requests) - len(unique))  # the repeats, answered too
     return [answers[r] for r in requests]
 
   def _run(self, fn, batch):

@@ -12,11 +12,13 @@ read, with the Hub switched to offline so that nothing retries.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import json
 import os
 import pathlib
+import shutil
 import socket
 import tempfile
 from typing import Any
@@ -93,6 +95,7 @@ def bundled_dir() -> str:
   so from any directory."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(BUNDLED)))
   out = tempfile.mkdtemp(prefix='jax_transformer_tasks_')
+  atexit.register(shutil.rmtree, out, ignore_errors=True)
   for name in sorted(os.listdir(BUNDLED)):
     if not name.endswith('.yaml'):
       continue
