@@ -121,6 +121,18 @@ def _per_token(model, hidden, targets):
   return logprob.reshape(-1)[:n], greedy.reshape(-1)[:n]
 
 
+def _per_request(model, hidden, targets, valid):
+  """hidden [B, C, D] at the positions predicting targets [B, C], of which
+  valid [B, C] are real -> (summed log-probability [B], every real target
+  the argmax [B])."""
+  b, c = targets.shape
+  logprob, greedy = _per_token(model, hidden.reshape(b * c, -1),
+                               targets.reshape(-1))
+  logprob = jnp.where(valid, logprob.reshape(b, c), 0.0).sum(axis=-1)
+  greedy = jnp.where(valid, greedy.reshape(b, c), True).all(axis=-1)
+  return logprob, greedy
+
+
 @functools.partial(jax.jit, static_argnames=('graphdef',))
 def _score(graphdef, state, prefix, prefix_mask, owner, suffix, suffix_mask,
            targets, valid):
@@ -131,7 +143,7 @@ def _score(graphdef, state, prefix, prefix_mask, owner, suffix, suffix_mask,
   -> (summed log-probability [B] float32, every target the argmax [B])."""
   model = nnx.merge(graphdef, state)
   p, wp = prefix.shape
-  b, ws = suffix.shape
+  ws = suffix.shape[1]
   cache = model.init_cache(p, wp + ws)
   last = prefix_mask.sum(axis=1) - 1
   first, cache = model.extend(prefix, cache, prefix_mask, logits_at=last,
@@ -144,11 +156,7 @@ def _score(graphdef, state, prefix, prefix_mask, owner, suffix, suffix_mask,
         valid=cache.valid[owner])
     rest, _ = model.extend(suffix, cache, suffix_mask, return_hidden=True)
     hidden = jnp.concatenate([hidden, rest], axis=1)         # [B, C, D]
-  logprob, greedy = _per_token(model, hidden.reshape(b * (ws + 1), -1),
-                               targets.reshape(-1))
-  logprob = jnp.where(valid, logprob.reshape(b, -1), 0.0).sum(axis=-1)
-  greedy = jnp.where(valid, greedy.reshape(b, -1), True).all(axis=-1)
-  return logprob, greedy
+  return _per_request(model, hidden, targets, valid)
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef',))
@@ -157,14 +165,9 @@ def _score_whole(graphdef, state, ids, mask, where, targets, valid):
   [B, C]: the positions predicting its targets, the targets, which are
   real. -> as ``_score``."""
   model = nnx.merge(graphdef, state)
-  b, c = targets.shape
   hidden = model(ids, mask, return_hidden=True)              # [B, W, D]
   picked = jnp.take_along_axis(hidden, where[..., None], axis=1)
-  logprob, greedy = _per_token(model, picked.reshape(b * c, -1),
-                               targets.reshape(-1))
-  logprob = jnp.where(valid, logprob.reshape(b, c), 0.0).sum(axis=-1)
-  greedy = jnp.where(valid, greedy.reshape(b, c), True).all(axis=-1)
-  return logprob, greedy
+  return _per_request(model, picked, targets, valid)
 
 
 # A batch shares its prefixes' computation when that saves at least this
