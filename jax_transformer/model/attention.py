@@ -134,7 +134,10 @@ class KVCache(NamedTuple):
                  attention reads them without a transpose).
   valid:         [B, S_max] bool, True where a slot holds a real token (a
                  prompt's padding slots stay False and are never attended).
-  index:         int32 scalar, the next slot to write (same for the batch).
+  index:         int32, the next slot to write: a scalar (the same slot for
+                 every row, as one batch decodes), or [B] (each row at its
+                 own slot, as a continuous-batching server's rows start and
+                 end at different times).
   cross_keys, cross_values: per decoder layer, [B, K, S, H]: the encoder
                  memory projected once per source (empty for decoder-only).
   memory_mask:   [B, S] bool source padding mask (None for decoder-only).
@@ -171,7 +174,7 @@ def check_room(cache: KVCache, new_tokens: int) -> None:
   room = cache.max_len
   traced = isinstance(cache.index, jax.core.Tracer)
   # 0 is the least a traced index can be: too many tokens fit from nowhere.
-  start = 0 if traced else int(cache.index)
+  start = 0 if traced else int(np.max(cache.index))
   if start + new_tokens > room:
     where = 'any slot' if traced else f'slot {start}'
     raise ValueError(f'{new_tokens} new tokens from {where} run past a KV '
@@ -179,16 +182,20 @@ def check_room(cache: KVCache, new_tokens: int) -> None:
                      f'{start + new_tokens}.')
   if traced:
     checkify.debug_check(
-        cache.index + new_tokens <= room,
+        jnp.max(cache.index) + new_tokens <= room,
         f'{new_tokens} new tokens from slot {{}} run past a KV cache of '
-        f'{room} slots.', cache.index)
+        f'{room} slots.', jnp.max(cache.index))
 
 
 def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
-  """Writes new [B, T, K, H] into cache_kv [B, K, S_max, H] at slot index
-  (only the T new rows move)."""
-  return jax.lax.dynamic_update_slice_in_dim(
-      cache_kv, cache_layout(new).astype(cache_kv.dtype), index, axis=2)
+  """Writes new [B, T, K, H] into cache_kv [B, K, S_max, H] at slot index,
+  a scalar or one slot per row [B] (only the T new rows move)."""
+  new = cache_layout(new).astype(cache_kv.dtype)
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(cache_kv, new, index, axis=2)
+  write_row = lambda row, n, i: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+      row, n, i, axis=1)
+  return jax.vmap(write_row)(cache_kv, new, index)
 
 
 def cached_context(q: Array, k: Array, v: Array, mask: Array | None

@@ -39,8 +39,10 @@ def segment_mask(query_segments: Array, key_segments: Array) -> Array:
 
 
 def causal_mask(query_slots: Array, key_slots: Array) -> Array:
-  """Key slot <= query slot. query_slots [T], key_slots [S] -> [1, 1, T, S]."""
-  return (key_slots[None, :] <= query_slots[:, None])[None, None]
+  """Key slot <= query slot. query_slots [T] -> [1, 1, T, S], or [B, T]
+  (each row's own slots) -> [B, 1, T, S]; key_slots [S]."""
+  causal = key_slots <= query_slots[..., None]
+  return causal[None, None] if causal.ndim == 2 else causal[:, None]
 
 
 def length_mask(lengths: Array, num_keys: int) -> Array:

@@ -53,6 +53,15 @@ def default_positions(ids: Array, mask: Array | None = None,
   return index
 
 
+def _write_valid(valid: Array, mask: Array, index: Array) -> Array:
+  """valid [B, S_max] with mask [B, T] written at slot index (a scalar, or
+  [B]: one slot per row)."""
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice_in_dim(valid, mask, index, axis=1)
+  return jax.vmap(jax.lax.dynamic_update_slice_in_dim, (0, 0, 0, None))(
+      valid, mask, index, 0)
+
+
 def real_tokens(mask: Array, length: int) -> Array:
   """mask [B, T] bool, or [B] int lengths of right-padded rows -> [B, T]
   bool, True on real tokens."""
@@ -168,9 +177,8 @@ class _Transformer(nnx.Module):
     if positions is None:
       done = cache.valid.sum(axis=1, dtype=jnp.int32)[:, None]
       positions = done + default_positions(ids, mask) * mask
-    valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, mask,
-                                                cache.index, axis=1)
-    slots = cache.index + jnp.arange(t)
+    valid = _write_valid(cache.valid, mask, cache.index)
+    slots = jnp.asarray(cache.index)[..., None] + jnp.arange(t)
     # Cache slots are not positions (a prompt's padding takes slots), so
     # this mask has no structure a kernel could use: it stays dense.
     self_mask = attn.combine(

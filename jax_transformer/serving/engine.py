@@ -1,0 +1,367 @@
+"""Continuous batching: a fixed set of decode slots advanced by one jitted
+step, requests joining and leaving between steps.
+
+The engine owns the slots, the KV cache (one row per slot,
+:mod:`jax_transformer.serving.programs`) and a thread that runs::
+
+  drop cancelled requests (their slots free at once)
+  give free slots to waiting requests
+  run one prefill chunk of each request still reading its prompt
+  advance every decoding slot by one token
+
+Requests and answers are token ids: :meth:`Engine.submit` takes a prompt
+laid out as the model was trained and a :class:`Params`, and calls back with
+one :class:`Event` per token (from the engine's thread). Text, JSON and HTTP
+live above it (:mod:`jax_transformer.serving.api`).
+
+The programs are compiled once each, before the engine starts
+(:meth:`Engine.compile`): the decode step, a fresh-prompt prefill per
+bucket width (powers of two up to ``chunk``) and the next-chunk prefill of
+a long prompt. Nothing compiles while serving.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import threading
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jax_transformer.decoding.inputs import place, place_state, resolve_mesh
+from jax_transformer.errors import UsageError
+from jax_transformer.serving import programs
+
+# The smallest prefill bucket: shorter prompts are padded to it.
+SMALLEST_BUCKET = 16
+
+
+class Busy(Exception):
+  """The queue of waiting requests is full (HTTP 429)."""
+
+
+class Closed(Exception):
+  """The engine takes no new requests: it is stopping (HTTP 503)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """How one request is answered.
+
+  max_tokens: new tokens at most (the stop token counts).
+  temperature: 0 is greedy; else sample from softmax(logits / temperature).
+  top_p: sample from the nucleus of this probability mass (1: all).
+  seed: the sampling seed (None: a random one).
+  stop_ids: tokens that end the answer (EOS, a chat's end of turn).
+  """
+  max_tokens: int
+  temperature: float = 0.0
+  top_p: float = 1.0
+  seed: int | None = None
+  stop_ids: frozenset[int] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+  """One token of an answer (token None: none came), and on the last event
+  why it ended: 'stop' (a stop id, not part of the answer), 'length'
+  (max_tokens), or 'cancelled' (the engine stopped)."""
+  token: int | None
+  finish: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+  """A request inside the engine (its handle for :meth:`Engine.cancel`)."""
+  prompt: list[int]
+  params: Params
+  emit: Callable[[Event], None]
+  key: np.ndarray                 # uint32 [2], the sampling key's data
+  slot: int | None = None
+  read: int = 0                   # prompt tokens prefilled so far
+  drawn: int = 0                  # tokens drawn so far
+  last: int = 0                   # the last token drawn (fed back next)
+  done: bool = False
+
+
+def buckets(chunk: int) -> tuple[int, ...]:
+  """Fresh-prompt widths: powers of two from SMALLEST_BUCKET, then chunk."""
+  widths = [w for w in (SMALLEST_BUCKET << i for i in range(16)) if w < chunk]
+  return (*widths, chunk)
+
+
+class Engine:
+  """Decode slots over one model; see the module docstring.
+
+  model: a DecoderLM (already cast or quantized as it is to serve).
+  slots: rows decoded at once (rounded up to a multiple of the mesh's
+    'data' axis).
+  max_len: cache slots per row: prompt plus answer, at most.
+  chunk: the longest prefill chunk; longer prompts take several.
+  queue: requests that may wait for a slot; more are refused (Busy).
+  mesh: the mesh the parameters are on (the restore's inference mesh);
+    the slots are split over its 'data' axis.
+  """
+
+  def __init__(self, model, *, slots: int, max_len: int, chunk: int = 256,
+               queue: int = 256, mesh=None):
+    config = model.config
+    data = 1 if mesh is None else mesh.shape.get('data', 1)
+    self.slots = -(-slots // data) * data
+    self.rows_per_prefill = data
+    self.chunk = min(chunk, max_len)
+    # Whole chunks fit: a long prompt's last chunk, padded, stays inside.
+    self.cache_len = -(-max_len // self.chunk) * self.chunk
+    if config.positional == 'learned' and max_len > config.max_len:
+      raise UsageError(f'max_len {max_len} is past the {config.max_len} '
+                       'positions the model learned.')
+    self.max_len = max_len
+    self.buckets = buckets(self.chunk)
+    self.queue_size = queue
+    self.mesh = resolve_mesh(mesh, self.slots)
+    graphdef, state = nnx.split(model)
+    self._graphdef = graphdef
+    self._state = place_state(state, self.mesh)
+    self._cache = None
+    self._waiting: collections.deque[Request] = collections.deque()
+    self._cancelled: list[Request] = []
+    self._in_slot: list[Request | None] = [None] * self.slots
+    self._wake = threading.Condition()
+    self._accepting = True
+    self._running = False
+    self._thread: threading.Thread | None = None
+    self.steps = 0
+
+  # ---- the compiled programs ------------------------------------------
+
+  def _call(self, program, *args):
+    kwargs = dict(mesh=self.mesh)
+    if self.mesh is None:
+      return program(self._graphdef, self._state, *args, **kwargs)
+    with jax.set_mesh(self.mesh):
+      return program(self._graphdef, self._state, *args, **kwargs)
+
+  def _empty_cache(self):
+    model = nnx.merge(self._graphdef, self._state)
+    cache = jax.eval_shape(lambda: model.init_cache(self.slots,
+                                                    self.cache_len))
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), cache)
+    zeros = zeros._replace(index=np.zeros(self.slots, np.int32))
+    return place(jax.tree.map(jax.numpy.asarray, zeros), self.mesh)
+
+  @staticmethod
+  def _sampling(requests: list[Request]) -> programs.Sampling:
+    return programs.Sampling(
+        temperature=np.array([r.params.temperature for r in requests],
+                             np.float32),
+        top_p=np.array([r.params.top_p for r in requests], np.float32),
+        keys=np.stack([r.key for r in requests]),
+        drawn=np.array([r.drawn for r in requests], np.int32))
+
+  def _prefill(self, group: list[Request], fresh: bool) -> np.ndarray:
+    """One prefill call for the requests of group (padded to
+    rows_per_prefill by repeating the last): each reads its next chunk.
+    Returns the token drawn for each."""
+    pieces = [r.prompt[r.read:r.read + self.chunk] for r in group]
+    for r, piece in zip(group, pieces):
+      r.read += len(piece)
+    group = group + group[-1:] * (self.rows_per_prefill - len(group))
+    pieces = pieces + pieces[-1:] * (self.rows_per_prefill - len(pieces))
+    width = (next(w for w in self.buckets if w >= max(map(len, pieces)))
+             if fresh else self.chunk)
+    ids = np.zeros((len(group), width), np.int32)
+    mask = np.zeros((len(group), width), bool)
+    for i, piece in enumerate(pieces):
+      ids[i, :len(piece)] = piece
+      mask[i, :len(piece)] = True
+    rows = np.array([r.slot for r in group], np.int32)
+    program = programs.prefill_fresh if fresh else programs.prefill_more
+    tokens, self._cache = self._call(program, self._cache, rows, ids, mask,
+                                     self._sampling(group))
+    return np.asarray(tokens)
+
+  def _step(self, decoding: list[Request]) -> np.ndarray:
+    """One decode step; rows not in decoding (idle, or still reading a
+    prompt) run masked."""
+    held = [self._idle] * self.slots
+    for r in decoding:
+      held[r.slot] = r
+    tokens = np.array([r.last for r in held], np.int32)
+    active = np.array([r is not self._idle for r in held])
+    out, self._cache = self._call(programs.decode_step, self._cache, tokens,
+                                  active, self._sampling(held))
+    self.steps += 1
+    return np.asarray(out)
+
+  _idle = Request(prompt=[0], params=Params(max_tokens=1), emit=None,
+                  key=np.zeros(2, np.uint32))
+
+  def compile(self) -> tuple[int, float]:
+    """Compiles every program once (on a scratch cache): returns (count,
+    seconds). The engine then serves without compiling."""
+    start = time.perf_counter()
+    self._cache = self._empty_cache()
+    scratch = dataclasses.replace(self._idle, slot=0)
+    for width in self.buckets:
+      scratch.prompt, scratch.read = [0] * width, 0
+      self._prefill([scratch], fresh=True)
+    scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
+    self._prefill([scratch], fresh=False)
+    self._step([])
+    jax.block_until_ready(self._cache)
+    self._cache = self._empty_cache()
+    self.steps = 0
+    return len(self.buckets) + 2, time.perf_counter() - start
+
+  # ---- requests --------------------------------------------------------
+
+  def submit(self, prompt: list[int], params: Params,
+             emit: Callable[[Event], None]) -> Request:
+    """Queues a prompt (ids laid out as in training; 1 <= its length and
+    length + max_tokens <= max_len, checked by the caller). emit(event) is
+    called from the engine's thread, once per token. Raises Busy or
+    Closed."""
+    seed = params.seed
+    if seed is None:
+      seed = int.from_bytes(os.urandom(4), 'little')
+    key = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+    request = Request(list(prompt), params, emit, key)
+    with self._wake:
+      if not self._accepting:
+        raise Closed()
+      if len(self._waiting) >= self.queue_size:
+        raise Busy()
+      self._waiting.append(request)
+      self._wake.notify()
+    return request
+
+  def cancel(self, request: Request) -> None:
+    """Ends a request (its slot frees before the next step); no more events
+    are emitted for it."""
+    with self._wake:
+      if not request.done:
+        self._cancelled.append(request)
+        self._wake.notify()
+
+  @property
+  def busy_slots(self) -> int:
+    return sum(r is not None for r in self._in_slot)
+
+  @property
+  def waiting(self) -> int:
+    return len(self._waiting)
+
+  def _finish(self, request: Request, token: int | None, reason: str):
+    request.done = True
+    if request.slot is not None:
+      self._in_slot[request.slot] = None
+    request.emit(Event(token, reason))
+
+  def _deliver(self, request: Request, token: int) -> None:
+    """A token drawn for request: emitted, and the request ended if it is a
+    stop token or its last."""
+    request.drawn += 1
+    request.last = int(token)
+    if token in request.params.stop_ids:
+      self._finish(request, None, 'stop')
+    elif request.drawn >= request.params.max_tokens:
+      self._finish(request, int(token), 'length')
+    else:
+      request.emit(Event(int(token)))
+
+  # ---- the loop --------------------------------------------------------
+
+  def _take_changes(self) -> list[Request]:
+    """Applies cancellations and hands free slots to waiting requests;
+    returns the requests that got one."""
+    with self._wake:
+      while (self._running and not self._waiting and not self._cancelled
+             and not any(self._in_slot)):
+        self._wake.wait(timeout=1.0)
+      for request in self._cancelled:
+        if not request.done:
+          request.done = True
+          if request in self._waiting:
+            self._waiting.remove(request)
+          if request.slot is not None:
+            self._in_slot[request.slot] = None
+      self._cancelled.clear()
+      joined = []
+      free = (i for i, r in enumerate(self._in_slot) if r is None)
+      for slot in free:
+        if not self._waiting:
+          break
+        request = self._waiting.popleft()
+        request.slot = slot
+        self._in_slot[slot] = request
+        joined.append(request)
+      return joined
+
+  def _prefill_round(self) -> None:
+    """One chunk of every request still reading its prompt."""
+    reading = [r for r in self._in_slot
+               if r is not None and r.read < len(r.prompt)]
+    fresh = [r for r in reading if r.read == 0]
+    more = [r for r in reading if r.read > 0]
+    for todo, is_fresh in ((fresh, True), (more, False)):
+      size = self.rows_per_prefill
+      for group in (todo[i:i + size] for i in range(0, len(todo), size)):
+        tokens = self._prefill(group, is_fresh)
+        for request, token in zip(group, tokens):
+          if request.read == len(request.prompt):
+            self._deliver(request, token)
+
+  def _decode_round(self) -> None:
+    decoding = [r for r in self._in_slot
+                if r is not None and r.read == len(r.prompt) and r.drawn]
+    if not decoding:
+      return
+    tokens = self._step(decoding)
+    for request in decoding:
+      if not request.done:
+        self._deliver(request, tokens[request.slot])
+
+  def _loop(self) -> None:
+    while self._running:
+      self._take_changes()
+      self._prefill_round()
+      self._decode_round()
+
+  def start(self) -> None:
+    """Starts the engine's thread (compiling first if not yet done)."""
+    if self._cache is None:
+      self.compile()
+    self._running = True
+    self._thread = threading.Thread(target=self._loop, name='engine',
+                                    daemon=True)
+    self._thread.start()
+
+  def close(self) -> None:
+    """Takes no new requests (submit raises Closed); those in flight go
+    on."""
+    with self._wake:
+      self._accepting = False
+
+  def stop(self) -> None:
+    """Ends every request in flight ('cancelled') and the thread."""
+    self.close()
+    with self._wake:
+      self._running = False
+      self._wake.notify()
+    if self._thread is not None:
+      self._thread.join()
+    for request in [*self._waiting, *self._in_slot]:
+      if request is not None and not request.done:
+        self._finish(request, None, 'cancelled')
+    self._waiting.clear()
+
+
+def counter() -> Callable[[], int]:
+  """Request numbers for ids (cmpl-1, ...)."""
+  return itertools.count(1).__next__

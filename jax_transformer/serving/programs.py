@@ -1,0 +1,144 @@
+"""The serving engine's compiled programs, over a KV cache laid out by slot.
+
+The cache holds ``S`` rows (decode slots), each of ``L`` cache slots, with a
+write index per row (``KVCache.index`` [S]): a request owns one row from its
+prefill until its last token, and rows start and end at different times.
+
+* :func:`prefill_fresh` runs a new request's prompt (right-padded to a
+  bucket width ``C``) against an empty ``[P, K, C, H]`` cache and writes the
+  ``C`` slots into its rows; only those slots move.
+* :func:`prefill_more` runs the next chunk of a long prompt against the
+  rows' whole caches (gathered, then written back).
+* :func:`decode_step` advances every row by one token; rows without a
+  request run masked (nothing they write is ever attended).
+
+Each returns the token chosen after the last real token of each row, drawn
+by :func:`choose` with that row's own sampling parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_transformer.decoding.inputs import constrain
+from jax_transformer.decoding.sampling import allowed
+from jax_transformer.model.attention import KVCache
+
+Array = jax.Array
+
+
+class Sampling(NamedTuple):
+  """Per-row sampling parameters, one entry per row [R].
+
+  temperature: float32, 0 = greedy (the argmax, lowest id among ties).
+  top_p: float32 in (0, 1]: sample from the nucleus of this mass.
+  keys: uint32 [R, 2], ``jax.random.key_data(jax.random.key(seed))``.
+  drawn: int32, tokens the request has drawn before this one: token i is
+    drawn with ``fold_in(key, i)``, so a seed gives the same answer whatever
+    else shares the batch.
+  """
+  temperature: Array
+  top_p: Array
+  keys: Array
+  drawn: Array
+
+
+def choose(logits: Array, sampling: Sampling) -> Array:
+  """One token per row: logits [R, V] float32 -> ids [R] int32."""
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+  def draw(nucleus: bool) -> Array:
+    hot = sampling.temperature > 0
+    scaled = logits / jnp.where(hot, sampling.temperature, 1.0)[:, None]
+    if nucleus:
+      keep = allowed(scaled, None, sampling.top_p[:, None])
+      scaled = jnp.where(keep, scaled, -jnp.inf)
+    keys = jax.vmap(jax.random.fold_in)(
+        jax.random.wrap_key_data(sampling.keys), sampling.drawn)
+    drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+    return jnp.where(hot, drawn, greedy)
+
+  # The nucleus needs a sort of the vocabulary: only when a row asks.
+  sampled = lambda: jax.lax.cond(  # noqa: E731
+      jnp.any(sampling.top_p < 1), lambda: draw(True), lambda: draw(False))
+  return jax.lax.cond(jnp.any(sampling.temperature > 0), sampled,
+                      lambda: greedy)
+
+
+def _last_real(mask: Array) -> Array:
+  """The last True of each row: mask [R, C] -> [R] int32."""
+  width = mask.shape[1]
+  return (width - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)
+
+
+def _rows(cache: KVCache, rows: Array) -> KVCache:
+  """The cache of rows [P] alone: [P, K, L, H] each."""
+  return cache._replace(keys=tuple(k[rows] for k in cache.keys),
+                        values=tuple(v[rows] for v in cache.values),
+                        valid=cache.valid[rows], index=cache.index[rows])
+
+
+_STATIC = ('graphdef', 'mesh')
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
+def prefill_fresh(graphdef, state, cache: KVCache, rows: Array, ids: Array,
+                  mask: Array, sampling: Sampling, *, mesh=None):
+  """New requests' prompts (or first chunks) into rows [P].
+
+  ids, mask [P, C]: right-padded prompts. The rows' earlier contents are
+  dropped; each row's index becomes its real length (so padding slots are
+  overwritten by the tokens that follow). Returns (ids [P], cache).
+  """
+  model = nnx.merge(graphdef, state)
+  p, c = ids.shape
+  logits, part = model.extend(ids, model.init_cache(p, c), mask,
+                              logits_at=_last_real(mask))
+  slots = slice(0, c)
+  cache = cache._replace(
+      keys=tuple(k.at[rows, :, slots].set(n)
+                 for k, n in zip(cache.keys, part.keys)),
+      values=tuple(v.at[rows, :, slots].set(n)
+                   for v, n in zip(cache.values, part.values)),
+      valid=cache.valid.at[rows].set(
+          jnp.zeros((p, cache.max_len), bool).at[:, slots].set(mask)),
+      index=cache.index.at[rows].set(mask.sum(axis=1, dtype=jnp.int32)))
+  return choose(logits[:, 0], sampling), constrain(cache, mesh)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
+def prefill_more(graphdef, state, cache: KVCache, rows: Array, ids: Array,
+                 mask: Array, sampling: Sampling, *, mesh=None):
+  """The next chunk of long prompts, ids and mask [P, C], after what rows
+  [P] hold. Returns (ids [P], cache), as :func:`prefill_fresh`."""
+  model = nnx.merge(graphdef, state)
+  part = _rows(cache, rows)
+  start = part.index
+  logits, part = model.extend(ids, part, mask, logits_at=_last_real(mask))
+  part = part._replace(index=start + mask.sum(axis=1, dtype=jnp.int32))
+  cache = cache._replace(
+      keys=tuple(k.at[rows].set(n) for k, n in zip(cache.keys, part.keys)),
+      values=tuple(v.at[rows].set(n)
+                   for v, n in zip(cache.values, part.values)),
+      valid=cache.valid.at[rows].set(part.valid),
+      index=cache.index.at[rows].set(part.index))
+  return choose(logits[:, 0], sampling), constrain(cache, mesh)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
+def decode_step(graphdef, state, cache: KVCache, tokens: Array,
+                active: Array, sampling: Sampling, *, mesh=None):
+  """Every row one token further: tokens [S] (each row's last), active [S]
+  bool (rows holding a request). Returns (ids [S], cache)."""
+  model = nnx.merge(graphdef, state)
+  logits, stepped = model.extend(tokens[:, None], cache, active[:, None])
+  # A row without a request keeps its index: what it wrote there is not
+  # valid (never attended), and a prompt's next chunk writes over it.
+  cache = stepped._replace(
+      index=jnp.where(active, stepped.index, cache.index))
+  return choose(logits[:, 0], sampling), constrain(cache, mesh)
