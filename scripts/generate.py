@@ -52,7 +52,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from jax_transformer import cli, data
+from jax_transformer import cli
 from jax_transformer.data import chat
 from jax_transformer.decoding import inference, quantize
 from jax_transformer.decoding.sampling import Sampler, greedy
@@ -277,9 +277,7 @@ def _load(workdir: str, devices: Sequence[jax.Device] | None = None):
   windows."""
   from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   trained = restore.load_model(workdir, devices=devices)
-  stream = (not isinstance(trained.model, EncoderDecoder)
-            and data.spec_for(trained.config.data).lm_mode == 'stream')
-  return trained.model, trained.tokenizer, stream, trained.mesh
+  return trained.model, trained.tokenizer, trained.stream, trained.mesh
 
 
 @cli.entry_point(PROG)

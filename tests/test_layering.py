@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(repo.ROOT) / 'jax_transformer'
 # lazily from every layer and is above them all.
 LAYERS = ('errors', 'fields', 'reserved_ids', 'cli', 'model', 'experiment',
           'data', 'runtime', 'decoding', 'interop', 'train', 'workdirs',
-          'harness', 'compile', 'plan', 'bench')
+          'harness', 'serving', 'compile', 'plan', 'bench')
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -137,6 +137,7 @@ class Engine:
     self._running = False
     self._thread: threading.Thread | None = None
     self.steps = 0
+    self.new_id = itertools.count(1).__next__  # numbers answers' ids
 
   # ---- the compiled programs ------------------------------------------
 
@@ -250,6 +251,10 @@ class Engine:
         self._wake.notify()
 
   @property
+  def accepting(self) -> bool:
+    return self._accepting
+
+  @property
   def busy_slots(self) -> int:
     return sum(r is not None for r in self._in_slot)
 
@@ -360,8 +365,3 @@ class Engine:
       if request is not None and not request.done:
         self._finish(request, None, 'cancelled')
     self._waiting.clear()
-
-
-def counter() -> Callable[[], int]:
-  """Request numbers for ids (cmpl-1, ...)."""
-  return itertools.count(1).__next__

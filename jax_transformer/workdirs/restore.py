@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 
 from jax_transformer.data import corpus
+from jax_transformer.data.sources import spec_for
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment, base_config
@@ -263,6 +264,13 @@ class Trained:
   @property
   def kind(self) -> str:
     return self.config.model_kind
+
+  @property
+  def stream(self) -> bool:
+    """A language model trained on a token stream: its prompts take no
+    BOS (``decoding.inference.layout``)."""
+    return (self.kind == 'decoder_lm'
+            and spec_for(self.config.data).lm_mode == 'stream')
 
 
 def load_model(workdir: str | WorkdirPaths, step: int | None = None,
