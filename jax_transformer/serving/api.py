@@ -307,7 +307,8 @@ def create_app(served: Served) -> FastAPI:
       raise ApiError(503, 'The server is shutting down.',
                      kind='server_error')
     return {'status': 'ok', 'slots': engine.slots,
-            'busy_slots': engine.busy_slots, 'waiting': engine.waiting}
+            'busy_slots': engine.busy_slots, 'waiting': engine.waiting,
+            'steps': engine.steps}
 
   @app.get('/v1/models')
   async def models():
@@ -319,6 +320,10 @@ def create_app(served: Served) -> FastAPI:
   @app.post('/v1/completions')
   async def completions(body: bodies.Completion, request: Request):
     check_model(body.model)
+    if len(body.prompts) > served.engine.queue_size:
+      raise ApiError(400, f'{len(body.prompts)} prompts in one request; at '
+                     f'most {served.engine.queue_size} (the queue) are '
+                     'taken.', param='prompt')
     prompts = [_prompt_ids(served, p) for p in body.prompts]
     params = [_params(served, body, len(ids), body.max_tokens,
                       DEFAULT_MAX_TOKENS) for ids in prompts]

@@ -110,7 +110,7 @@ class TextPart(BaseModel):
 
 class Message(BaseModel):
   model_config = ConfigDict(extra='forbid')
-  role: Literal['system', 'developer', 'user', 'assistant']
+  role: Literal['system', 'developer', 'user', 'assistant', 'tool']
   content: str | list[TextPart]
   name: str | None = None
 

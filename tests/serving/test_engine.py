@@ -1,0 +1,146 @@
+"""The continuous-batching engine in-process (jax_transformer/serving):
+answers equal decoding.generate's, whatever shares the batch, with no
+compile after start-up; and the per-row cache index it stands on."""
+
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_transformer import decoding
+from jax_transformer.model.config import small_lm
+from jax_transformer.model.models import DecoderLM
+from jax_transformer.serving import programs
+from jax_transformer.serving.engine import Busy, Closed, Engine, Params
+
+LENGTHS = (3, 5, 17, 40, 70, 12)  # 40 and 70 take two and three chunks
+
+
+@pytest.fixture(scope='module', params=['rotary', 'learned'])
+def model(request):
+  config = small_lm(vocab_size=97, d_model=32, num_heads=4, d_ff=64,
+                    num_decoder_layers=2, max_len=128,
+                    positional=request.param)
+  return DecoderLM(config, nnx.Rngs(0))
+
+
+@pytest.fixture(scope='module')
+def engine(model):
+  engine = Engine(model, slots=4, max_len=96, chunk=32, queue=16)
+  engine.start()
+  yield engine
+  engine.stop()
+
+
+def prompts():
+  rng = np.random.default_rng(0)
+  return [list(rng.integers(3, 97, size=n)) for n in LENGTHS]
+
+
+class Collect:
+  """An answer's events, waited for."""
+
+  def __init__(self):
+    self.tokens, self.finish = [], None
+    self.done = threading.Event()
+
+  def __call__(self, event):
+    if event.token is not None:
+      self.tokens.append(event.token)
+    if event.finish is not None:
+      self.finish = event.finish
+      self.done.set()
+
+  def wait(self):
+    assert self.done.wait(120), 'no answer within 120 s'
+    return self.tokens
+
+
+def ask(engine, prompt, **params):
+  answer = Collect()
+  engine.submit(prompt, Params(**params), answer)
+  return answer
+
+
+def test_greedy_answers_equal_generate_with_six_sharing_four_slots(
+    engine, model):
+  answers = [ask(engine, p, max_tokens=20) for p in prompts()]
+  for prompt, answer in zip(prompts(), answers):
+    expected = decoding.generate(model, np.array([prompt]),
+                                 max_new_tokens=20, eos_id=None)
+    assert answer.wait() == list(np.asarray(expected.tokens[0]))
+    assert answer.finish == 'length'
+
+
+def test_a_seeded_sample_does_not_depend_on_the_batch(engine):
+  prompt = prompts()[2]
+  sampling = dict(max_tokens=15, temperature=0.9, top_p=0.8, seed=7)
+  alone = ask(engine, prompt, **sampling).wait()
+  others = [ask(engine, p, max_tokens=25, temperature=1.0, seed=i)
+            for i, p in enumerate(prompts())]
+  crowded = ask(engine, prompt, **sampling).wait()
+  for other in others:
+    other.wait()
+  assert crowded == alone
+  other_seed = ask(engine, prompt, **{**sampling, 'seed': 8}).wait()
+  assert other_seed != alone  # the seed is what decides
+
+
+def test_a_stop_token_ends_the_answer_before_it(engine, model):
+  prompt = prompts()[1]
+  free = ask(engine, prompt, max_tokens=20).wait()
+  stop = free[5]
+  cut = ask(engine, prompt, max_tokens=20, stop_ids=frozenset({stop}))
+  assert cut.wait() == free[:free.index(stop)]
+  assert cut.finish == 'stop'
+
+
+def test_nothing_compiles_while_serving(engine):
+  compiled = {f: f._cache_size() for f in (
+      programs.prefill_fresh, programs.prefill_more, programs.decode_step)}
+  for answer in [ask(engine, p, max_tokens=8, temperature=t, top_p=0.5)
+                 for p, t in zip(prompts(), (0.0, 1.0) * 3)]:
+    answer.wait()
+  assert {f: f._cache_size() for f in compiled} == compiled
+
+
+def test_a_cancelled_request_frees_its_slot(model):
+  engine = Engine(model, slots=1, max_len=96, chunk=32, queue=1)
+  engine.start()
+  try:
+    long = Collect()
+    request = engine.submit(prompts()[0], Params(max_tokens=90), long)
+    waiting = ask(engine, prompts()[1], max_tokens=3)
+    with pytest.raises(Busy):
+      engine.submit(prompts()[2], Params(max_tokens=3), Collect())
+    engine.cancel(request)
+    assert len(waiting.wait()) == 3  # it got the slot
+    assert len(long.tokens) < 89 and long.finish is None
+  finally:
+    engine.stop()
+  with pytest.raises(Closed):
+    engine.submit(prompts()[0], Params(max_tokens=3), Collect())
+
+
+def test_rows_at_their_own_cache_index_decode_as_each_alone(model):
+  """Rows of 4 and 9 tokens: with one index per row, the next token goes
+  to slot 4 in the first row and 9 in the second (no padding slot in
+  between), and its logits are those of each row decoded alone."""
+  rng = np.random.default_rng(1)
+  rows = [rng.integers(3, 97, n) for n in (4, 9)]
+  ids = jnp.array([np.pad(r, (0, 9 - len(r))) for r in rows], jnp.int32)
+  mask = ids != 0
+  cache = model.init_cache(2, 16)._replace(index=jnp.zeros(2, jnp.int32))
+  _, cache = model.extend(ids, cache, mask)
+  cache = cache._replace(index=jnp.array([4, 9], jnp.int32))
+  nxt = jnp.array([[5], [6]], jnp.int32)
+  together, cache = model.extend(nxt, cache)
+  assert cache.index.tolist() == [5, 10]
+  assert cache.valid[0, :6].tolist() == [True] * 5 + [False]
+  for r, row in enumerate(rows):
+    _, alone = model.extend(jnp.array([row]), model.init_cache(1, 16))
+    expected, _ = model.extend(nxt[r:r + 1], alone)
+    np.testing.assert_allclose(together[r], expected[0], rtol=2e-6,
+                               atol=2e-6)
