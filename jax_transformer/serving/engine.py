@@ -122,7 +122,12 @@ class Engine:
       raise UsageError(f'max_len {max_len} is past the {config.max_len} '
                        'positions the model learned.')
     self.max_len = max_len
+    self.chunked = self.chunk < max_len  # a prompt may take several chunks
     self.buckets = buckets(self.chunk)
+    # Decode steps over the first 1, 2, 4, ... rows, then all of them
+    # (multiples of the 'data' axis).
+    self.step_rows = tuple(sorted({min(data << i, self.slots)
+                                   for i in range(self.slots.bit_length() + 1)}))
     self.queue_size = queue
     self.mesh = resolve_mesh(mesh, self.slots)
     graphdef, state = nnx.split(model)
@@ -188,9 +193,12 @@ class Engine:
     return np.asarray(tokens)
 
   def _step(self, decoding: list[Request]) -> np.ndarray:
-    """One decode step; rows not in decoding (idle, or still reading a
+    """One decode step over the fewest rows (a step_rows bucket) that hold
+    every decoding request; rows not in decoding (idle, or still reading a
     prompt) run masked."""
-    held = [self._idle] * self.slots
+    highest = max((r.slot for r in decoding), default=0)
+    rows = next(n for n in self.step_rows if n > highest)
+    held = [self._idle] * rows
     for r in decoding:
       held[r.slot] = r
     tokens = np.array([r.last for r in held], np.int32)
@@ -212,13 +220,17 @@ class Engine:
     for width in self.buckets:
       scratch.prompt, scratch.read = [0] * width, 0
       self._prefill([scratch], fresh=True)
-    scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
-    self._prefill([scratch], fresh=False)
-    self._step([])
+    if self.chunked:
+      scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
+      self._prefill([scratch], fresh=False)
+    for rows in self.step_rows:
+      scratch.slot = rows - 1
+      self._step([scratch])
     jax.block_until_ready(self._cache)
     self._cache = self._empty_cache()
     self.steps = 0
-    return len(self.buckets) + 2, time.perf_counter() - start
+    return (len(self.buckets) + self.chunked + len(self.step_rows),
+            time.perf_counter() - start)
 
   # ---- requests --------------------------------------------------------
 

@@ -130,15 +130,33 @@ def prefill_more(graphdef, state, cache: KVCache, rows: Array, ids: Array,
   return choose(logits[:, 0], sampling), constrain(cache, mesh)
 
 
+def _first(cache: KVCache, n: int) -> KVCache:
+  """The cache of its first n rows."""
+  if n == cache.valid.shape[0]:
+    return cache
+  return jax.tree.map(lambda x: x[:n], cache)
+
+
+def _put_first(cache: KVCache, part: KVCache) -> KVCache:
+  """cache with its first rows replaced by part's."""
+  if part.valid.shape[0] == cache.valid.shape[0]:
+    return part
+  return jax.tree.map(lambda x, y: x.at[:y.shape[0]].set(y), cache, part)
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
 def decode_step(graphdef, state, cache: KVCache, tokens: Array,
                 active: Array, sampling: Sampling, *, mesh=None):
-  """Every row one token further: tokens [S] (each row's last), active [S]
-  bool (rows holding a request). Returns (ids [S], cache)."""
+  """The first R rows one token further: tokens [R] (each row's last),
+  active [R] bool (rows holding a request). The rows after R are left as
+  they are: with few requests, a step costs what few rows cost (each R
+  is its own program). Returns (ids [R], cache)."""
   model = nnx.merge(graphdef, state)
-  logits, stepped = model.extend(tokens[:, None], cache, active[:, None])
+  rows = _first(cache, tokens.shape[0])
+  logits, stepped = model.extend(tokens[:, None], rows, active[:, None])
   # A row without a request keeps its index: what it wrote there is not
   # valid (never attended), and a prompt's next chunk writes over it.
-  cache = stepped._replace(
-      index=jnp.where(active, stepped.index, cache.index))
-  return choose(logits[:, 0], sampling), constrain(cache, mesh)
+  stepped = stepped._replace(
+      index=jnp.where(active, stepped.index, rows.index))
+  return (choose(logits[:, 0], sampling),
+          constrain(_put_first(cache, stepped), mesh))
