@@ -12,6 +12,7 @@ console.
     python scripts/benchmark.py --suite plan          # the planner's model
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
     python scripts/benchmark.py --suite harness --limit 200  # lm-eval
+    python scripts/benchmark.py --suite serve         # the HTTP server
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -59,7 +60,15 @@ Suites (see ``jax_transformer/bench/``):
   backend on a GPT-2-small-shaped checkpoint made here and the bundled
   tasks (``--limit`` documents each, default 200, the same
   ``--batch_size``), interleaved rounds (default 3): median wall times and
-  the median per-round ratio (goal: at most 0.5).
+  the median per-round ratio (goal: at most 0.5);
+* ``serve``: ``scripts/serve.py`` against ``transformers serve
+  --continuous-batching`` on a GPT-2-small-shaped checkpoint made here, 1, 8
+  and 32 concurrent streaming clients (``--clients``) sending a fixed mix
+  of prompt and answer lengths, interleaved rounds (default 2): output
+  tokens per second, time to first token (p50, p99) and per output token;
+  goals: at 32 clients at least 2x transformers' throughput with a lower
+  p50 time to first token, at 1 client 90% of the fp32 weight-streaming
+  rate.
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -76,7 +85,7 @@ from jax_transformer import cli
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
-          'restart', 'local_tier', 'harness')
+          'restart', 'local_tier', 'harness', 'serve')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -120,6 +129,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help='harness: documents per task')
   p.add_argument('--batch_size', type=int, default=16,
                  help='harness: rows per batch, both sides')
+  p.add_argument('--clients', default='1,8,32',
+                 help='serve: numbers of concurrent clients, comma-separated')
   p.add_argument('--output', help='also append the JSON lines here')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
@@ -144,13 +155,21 @@ def parse_args(argv=None) -> argparse.Namespace:
             f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
-    args.rounds = 2 if local else 3 if args.suite == 'harness' else 7
+    args.rounds = (2 if local or args.suite == 'serve'
+                   else 3 if args.suite == 'harness' else 7)
   if args.steps is None:
     args.steps = 200 if local else 600
   if min(args.rounds, args.steps, args.local_every, args.limit,
          args.batch_size) < 1:
     p.error('--rounds, --steps, --local_every, --limit and --batch_size '
             'must be positive.')
+  try:
+    clients = [int(c) for c in args.clients.split(',')]
+  except ValueError:
+    clients = [0]
+  if min(clients) < 1:
+    p.error(f'--clients must be positive integers separated by commas, got '
+            f'{args.clients!r}.')
   if local and args.steps % args.local_every:
     p.error(f'--local_every={args.local_every} does not divide '
             f'--steps={args.steps} (the workdir saves only at the last '
@@ -194,6 +213,10 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
   if args.suite == 'harness':
     from jax_transformer.bench import harness  # pylint: disable=g-import-not-at-top
     return harness.run(args.rounds, args.limit, args.batch_size)
+  if args.suite == 'serve':
+    from jax_transformer.bench import serve  # pylint: disable=g-import-not-at-top
+    return serve.run(args.rounds, tuple(int(c) for c in
+                                        args.clients.split(',')))
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
@@ -222,7 +245,11 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'overhead_percent', 'ours_wall_s', 'hf_wall_s',
               'ratio_min', 'ratio_max', 'ours_first_round_s',
               'hf_first_round_s', 'load_average_before',
-              'load_average_after', 'load_average', 'error')
+              'load_average_after', 'clients', 'throughput_ratio',
+              'ours_tokens_per_s', 'hf_tokens_per_s', 'ours_ttft_p50_s',
+              'hf_ttft_p50_s', 'ours_ttft_p99_s', 'hf_ttft_p99_s',
+              'ours_tpot_s', 'hf_tpot_s', 'ours_weight_streaming',
+              'load_average', 'error')
 
 
 def table(rows: list[dict]) -> str:

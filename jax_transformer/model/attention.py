@@ -193,9 +193,23 @@ def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
   new = cache_layout(new).astype(cache_kv.dtype)
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice_in_dim(cache_kv, new, index, axis=2)
-  write_row = lambda row, n, i: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
-      row, n, i, axis=1)
-  return jax.vmap(write_row)(cache_kv, new, index)
+  return write_rows(cache_kv, new, index, axis=2)
+
+
+def write_rows(array: Array, new: Array, index: Array, axis: int) -> Array:
+  """array [B, ...] with row b of new written at index[b] along axis.
+
+  One dynamic-update-slice per row (B of them, unrolled), not a scatter:
+  XLA updates a donated cache in place through these, where a scatter (or
+  a vmapped update, which becomes one) makes it copy the whole cache
+  first, every decoding step.
+  """
+  zero = jnp.zeros((), jnp.int32)
+  for b in range(array.shape[0]):
+    start = [zero] * array.ndim
+    start[0], start[axis] = jnp.int32(b), index[b].astype(jnp.int32)
+    array = jax.lax.dynamic_update_slice(array, new[b:b + 1], start)
+  return array
 
 
 def cached_context(q: Array, k: Array, v: Array, mask: Array | None

@@ -58,8 +58,7 @@ def _write_valid(valid: Array, mask: Array, index: Array) -> Array:
   [B]: one slot per row)."""
   if jnp.ndim(index) == 0:
     return jax.lax.dynamic_update_slice_in_dim(valid, mask, index, axis=1)
-  return jax.vmap(jax.lax.dynamic_update_slice_in_dim, (0, 0, 0, None))(
-      valid, mask, index, 0)
+  return attn.write_rows(valid, mask, index, axis=1)
 
 
 def real_tokens(mask: Array, length: int) -> Array:

@@ -27,6 +27,7 @@ from flax import nnx
 
 from jax_transformer.decoding.inputs import constrain
 from jax_transformer.decoding.sampling import allowed
+from jax_transformer.model import attention as attn
 from jax_transformer.model.attention import KVCache
 
 Array = jax.Array
@@ -83,6 +84,37 @@ def _rows(cache: KVCache, rows: Array) -> KVCache:
                         valid=cache.valid[rows], index=cache.index[rows])
 
 
+def _put_slots(cache: KVCache, rows: Array, part: KVCache, start: Array,
+               width: int, index: Array) -> KVCache:
+  """cache with slots [start[p], start[p] + width) of row rows[p] taken
+  from part's row p (at the same slots), and that row's index set.
+
+  Only those slots move, one dynamic-update-slice per row: writing whole
+  rows, or scattering, makes XLA copy the whole cache first.
+  """
+  def put(whole, piece, axis):
+    for p in range(piece.shape[0]):
+      written = jax.lax.dynamic_slice_in_dim(piece[p:p + 1], start[p], width,
+                                             axis=axis)
+      at = [jnp.int32(0)] * whole.ndim
+      at[0], at[axis] = rows[p], start[p]
+      whole = jax.lax.dynamic_update_slice(whole, written, at)
+    return whole
+
+  return cache._replace(
+      keys=tuple(put(k, n, 2) for k, n in zip(cache.keys, part.keys)),
+      values=tuple(put(v, n, 2) for v, n in zip(cache.values, part.values)),
+      valid=put(cache.valid, part.valid, 1),
+      index=cache.index.at[rows].set(index))
+
+
+def _first(cache: KVCache, n: int) -> KVCache:
+  """The cache of its first n rows (itself when it has n)."""
+  if n == cache.valid.shape[0]:
+    return cache
+  return jax.tree.map(lambda x: x[:n], cache)
+
+
 _STATIC = ('graphdef', 'mesh')
 
 
@@ -91,23 +123,19 @@ def prefill_fresh(graphdef, state, cache: KVCache, rows: Array, ids: Array,
                   mask: Array, sampling: Sampling, *, mesh=None):
   """New requests' prompts (or first chunks) into rows [P].
 
-  ids, mask [P, C]: right-padded prompts. The rows' earlier contents are
-  dropped; each row's index becomes its real length (so padding slots are
+  ids, mask [P, C]: right-padded prompts, written to slots [0, C). The
+  rest of each row is left as it was, never attended: its valid mask is
+  cleared. Each row's index becomes its real length (so padding slots are
   overwritten by the tokens that follow). Returns (ids [P], cache).
   """
   model = nnx.merge(graphdef, state)
   p, c = ids.shape
   logits, part = model.extend(ids, model.init_cache(p, c), mask,
                               logits_at=_last_real(mask))
-  slots = slice(0, c)
-  cache = cache._replace(
-      keys=tuple(k.at[rows, :, slots].set(n)
-                 for k, n in zip(cache.keys, part.keys)),
-      values=tuple(v.at[rows, :, slots].set(n)
-                   for v, n in zip(cache.values, part.values)),
-      valid=cache.valid.at[rows].set(
-          jnp.zeros((p, cache.max_len), bool).at[:, slots].set(mask)),
-      index=cache.index.at[rows].set(mask.sum(axis=1, dtype=jnp.int32)))
+  cache = cache._replace(valid=cache.valid.at[rows].set(False))
+  zeros = jnp.zeros((p,), jnp.int32)
+  cache = _put_slots(cache, rows, part, zeros, c,
+                     mask.sum(axis=1, dtype=jnp.int32))
   return choose(logits[:, 0], sampling), constrain(cache, mesh)
 
 
@@ -120,28 +148,9 @@ def prefill_more(graphdef, state, cache: KVCache, rows: Array, ids: Array,
   part = _rows(cache, rows)
   start = part.index
   logits, part = model.extend(ids, part, mask, logits_at=_last_real(mask))
-  part = part._replace(index=start + mask.sum(axis=1, dtype=jnp.int32))
-  cache = cache._replace(
-      keys=tuple(k.at[rows].set(n) for k, n in zip(cache.keys, part.keys)),
-      values=tuple(v.at[rows].set(n)
-                   for v, n in zip(cache.values, part.values)),
-      valid=cache.valid.at[rows].set(part.valid),
-      index=cache.index.at[rows].set(part.index))
+  cache = _put_slots(cache, rows, part, start, ids.shape[1],
+                     start + mask.sum(axis=1, dtype=jnp.int32))
   return choose(logits[:, 0], sampling), constrain(cache, mesh)
-
-
-def _first(cache: KVCache, n: int) -> KVCache:
-  """The cache of its first n rows."""
-  if n == cache.valid.shape[0]:
-    return cache
-  return jax.tree.map(lambda x: x[:n], cache)
-
-
-def _put_first(cache: KVCache, part: KVCache) -> KVCache:
-  """cache with its first rows replaced by part's."""
-  if part.valid.shape[0] == cache.valid.shape[0]:
-    return part
-  return jax.tree.map(lambda x, y: x.at[:y.shape[0]].set(y), cache, part)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
@@ -154,9 +163,26 @@ def decode_step(graphdef, state, cache: KVCache, tokens: Array,
   model = nnx.merge(graphdef, state)
   rows = _first(cache, tokens.shape[0])
   logits, stepped = model.extend(tokens[:, None], rows, active[:, None])
+  at = rows.index
   # A row without a request keeps its index: what it wrote there is not
   # valid (never attended), and a prompt's next chunk writes over it.
-  stepped = stepped._replace(
-      index=jnp.where(active, stepped.index, rows.index))
-  return (choose(logits[:, 0], sampling),
-          constrain(_put_first(cache, stepped), mesh))
+  index = jnp.where(active, stepped.index, at)
+  if rows is cache:
+    return (choose(logits[:, 0], sampling),
+            constrain(stepped._replace(index=index), mesh))
+  # Only the slot each row wrote goes back (the rest of its cache is as it
+  # was): writing whole rows back makes XLA copy the whole cache first.
+
+  def put(whole, part, axis):
+    written = jnp.take_along_axis(
+        part, at.reshape((-1,) + (1,) * (part.ndim - 1)), axis=axis)
+    return attn.write_rows(whole, written, at, axis)
+
+  cache = cache._replace(
+      keys=tuple(put(w, p, 2) for w, p in zip(cache.keys, stepped.keys)),
+      values=tuple(put(w, p, 2) for w, p in zip(cache.values,
+                                                  stepped.values)),
+      valid=put(cache.valid, stepped.valid, 1),
+      index=jax.lax.dynamic_update_slice_in_dim(cache.index, index, 0,
+                                                axis=0))
+  return choose(logits[:, 0], sampling), constrain(cache, mesh)
