@@ -42,6 +42,7 @@ for ``transformers``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -302,8 +303,10 @@ class HuggingFaceTokenizer:
   eos_id = property(lambda self: self._special_id('eos'))
   unk_id = property(lambda self: self._special_id('unk'))
 
-  @property
+  @functools.cached_property
   def vocab_size(self) -> int:
+    # Once: building the vocabulary takes milliseconds (60 for GPT-2's
+    # 50,257 tokens), and decode asks for it on every call.
     return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
   def encode(self, text: str, add_special_tokens: bool = False

@@ -308,7 +308,8 @@ def create_app(served: Served) -> FastAPI:
                      kind='server_error')
     return {'status': 'ok', 'slots': engine.slots,
             'busy_slots': engine.busy_slots, 'waiting': engine.waiting,
-            'steps': engine.steps}
+            'steps': engine.steps,
+            'engine': {k: round(v, 3) for k, v in engine.stats.items()}}
 
   @app.get('/v1/models')
   async def models():

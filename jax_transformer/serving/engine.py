@@ -142,6 +142,7 @@ class Engine:
     self._running = False
     self._thread: threading.Thread | None = None
     self.steps = 0
+    self.stats = collections.Counter()  # seconds and counts, for /health
     self.new_id = itertools.count(1).__next__  # numbers answers' ids
 
   # ---- the compiled programs ------------------------------------------
@@ -188,9 +189,14 @@ class Engine:
       mask[i, :len(piece)] = True
     rows = np.array([r.slot for r in group], np.int32)
     program = programs.prefill_fresh if fresh else programs.prefill_more
+    start = time.perf_counter()
     tokens, self._cache = self._call(program, self._cache, rows, ids, mask,
                                      self._sampling(group))
-    return np.asarray(tokens)
+    tokens = np.asarray(tokens)
+    self.stats['prefills'] += 1
+    self.stats['prefill_tokens'] += int(mask.sum())
+    self.stats['prefill_s'] += time.perf_counter() - start
+    return tokens
 
   def _step(self, decoding: list[Request]) -> np.ndarray:
     """One decode step over the fewest rows (a step_rows bucket) that hold
@@ -203,10 +209,14 @@ class Engine:
       held[r.slot] = r
     tokens = np.array([r.last for r in held], np.int32)
     active = np.array([r is not self._idle for r in held])
+    start = time.perf_counter()
     out, self._cache = self._call(programs.decode_step, self._cache, tokens,
                                   active, self._sampling(held))
+    out = np.asarray(out)
     self.steps += 1
-    return np.asarray(out)
+    self.stats['step_rows'] += len(decoding)
+    self.stats['step_s'] += time.perf_counter() - start
+    return out
 
   _idle = Request(prompt=[0], params=Params(max_tokens=1), emit=None,
                   key=np.zeros(2, np.uint32))
@@ -229,6 +239,7 @@ class Engine:
     jax.block_until_ready(self._cache)
     self._cache = self._empty_cache()
     self.steps = 0
+    self.stats.clear()
     return (len(self.buckets) + self.chunked + len(self.step_rows),
             time.perf_counter() - start)
 
