@@ -35,9 +35,16 @@ import tempfile
 import time
 import urllib.request
 
+import jax
+import openai
+from flax import nnx
+
 from jax_transformer.bench import decode, timing
 from jax_transformer.bench.harness import VOCAB, make_checkpoint
 from jax_transformer.bench.restart import _port
+from jax_transformer.data import shakespeare
+from jax_transformer.model.config import gpt2_small
+from jax_transformer.model.models import DecoderLM
 
 # (prompt tokens, answer tokens), sent in this order and repeated.
 MIX = ((32, 64), (128, 32), (8, 128), (64, 64))
@@ -151,7 +158,6 @@ async def _one(client, server: Server, prompt: str, tokens: int) -> dict:
 async def _load(server: Server, work: list[tuple[str, int]],
                 clients: int) -> dict:
   """Every request of work, from ``clients`` concurrent clients."""
-  import openai  # noqa: PLC0415 (the serve extra)
   client = openai.AsyncOpenAI(base_url=f'http://127.0.0.1:{server.port}/v1',
                               api_key='none', max_retries=0, timeout=600)
   queue = list(reversed(work))
@@ -186,11 +192,6 @@ def _weights_streaming_fraction(tpot: float, bandwidth: float) -> float:
   """1 client's decoding rate over the fp32 weight-streaming rate: the
   bytes a step reads (GPT-2 small's weights and MAX_LEN cache slots) over
   tpot, against bandwidth."""
-  import jax  # noqa: PLC0415
-  from flax import nnx  # noqa: PLC0415
-
-  from jax_transformer.model.config import gpt2_small  # noqa: PLC0415
-  from jax_transformer.model.models import DecoderLM  # noqa: PLC0415
   model = nnx.eval_shape(lambda: DecoderLM(gpt2_small(), nnx.Rngs(0)))
   weights = sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model,
                                                              nnx.Param)))
@@ -199,8 +200,6 @@ def _weights_streaming_fraction(tpot: float, bandwidth: float) -> float:
 
 def run(rounds: int, clients: tuple[int, ...] = CLIENTS) -> list[dict]:
   import transformers  # noqa: PLC0415
-
-  from jax_transformer.data import shakespeare  # noqa: PLC0415
   bandwidth = decode.measured_bandwidth()
   folder = make_folder(tempfile.mkdtemp(prefix='serve_bench_'))
   tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
