@@ -93,8 +93,22 @@ def ende_export(real_data_dir, tmp_path_factory):
   return out
 
 
-# A block that reads this from the environment gets the fixture's path.
-NEEDS = {'EXPORT': 'ende_export'}
+@pytest.fixture(scope='session')
+def served(tmp_path_factory):
+  """docs/serving.md's `python scripts/serve.py --workdir
+  runs/lm_shakespeare`, run on a copy of the tiny workdir fixture (so the
+  model is named lm_shakespeare); the base URL its clients use."""
+  from serving.server_process import Server
+  workdir = tmp_path_factory.mktemp('served') / 'lm_shakespeare'
+  shutil.copytree(FIXTURE, workdir)
+  server = Server(workdir, key=None)
+  yield server.base_url
+  assert server.stop() == 0, server.output()
+
+
+# A block that reads one of these from the environment gets the fixture's
+# value: a path, or the URL of a server.
+NEEDS = {'EXPORT': 'ende_export', 'SERVER': 'served'}
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -17,12 +17,16 @@ class Server:
   """A serve.py process on 127.0.0.1 (the API key KEY from the
   environment), started and waited for until it answers /health."""
 
-  def __init__(self, workdir: str, *flags: str, timeout: float = 300):
+  def __init__(self, workdir: str, *flags: str, timeout: float = 300,
+               key: str | None = KEY):
     self.port = free_port()
     self.log = open(os.path.join(str(workdir).rstrip('/') + '.serve.log'),
                     'w+')
-    env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1',
-               JAX_TRANSFORMER_API_KEY=KEY)
+    env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
+    env.pop('JAX_TRANSFORMER_API_KEY', None)
+    if key:
+      env['JAX_TRANSFORMER_API_KEY'] = key
+    self.key = key
     self.proc = subprocess.Popen(
         [sys.executable, os.path.join(SCRIPTS, 'serve.py'), '--workdir',
          str(workdir), '--port', str(self.port), *flags],
@@ -68,7 +72,7 @@ class Server:
       return response.status, None
 
   def get(self, path: str):
-    return self.request('GET', path)
+    return self.request('GET', path, key=self.key)
 
   def post(self, path: str, body=None, **kwargs):
     return self.request('POST', path, body, **kwargs)
