@@ -195,6 +195,22 @@ def test_generate_decodes_a_gs_workdir(bucket, gcs, gcs_bucket):
   assert lines[0] == got.rstrip('\n') and len(lines) == 3  # and ''
 
 
+def test_serve_answers_from_a_gs_workdir_as_generate_does(bucket):
+  from serving.server_process import Server
+  remote, local = bucket
+  server = Server(remote, key=None)
+  try:
+    status, answer = server.post('/v1/completions', {
+        'model': 'run', 'prompt': PROMPT, 'max_tokens': 12,
+        'temperature': 0})
+  finally:
+    assert server.stop() == 0, server.output()
+  assert status == 200, answer
+  expected = ok(GENERATE, ['--workdir', local, '--input', PROMPT,
+                           '--max_new_tokens', '12'])
+  assert PROMPT + answer['choices'][0]['text'] == expected.rstrip('\n')
+
+
 def test_export_writes_a_gs_workdir_as_a_local_one(bucket, tmp_path):
   remote, local = bucket
   out = ok(EXPORT, ['--workdir', remote, '--format', 'safetensors',

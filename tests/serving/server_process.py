@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from repo import ROOT, SCRIPTS
@@ -20,8 +21,7 @@ class Server:
   def __init__(self, workdir: str, *flags: str, timeout: float = 300,
                key: str | None = KEY):
     self.port = free_port()
-    self.log = open(os.path.join(str(workdir).rstrip('/') + '.serve.log'),
-                    'w+')
+    self.log = tempfile.TemporaryFile('w+')  # the workdir may be gs://
     env = dict(os.environ, JAX_PLATFORMS='cpu', TPU_SKIP_MDS_QUERY='1')
     env.pop('JAX_TRANSFORMER_API_KEY', None)
     if key:
