@@ -18,6 +18,7 @@ import transformers
 from hf_models import random_ids, save, torch_logits
 from safetensors.numpy import load_file
 from script_helpers import load_script
+from serving.server_process import Server
 
 from jax_transformer.model import lora
 from jax_transformer.train import trainer
@@ -80,7 +81,18 @@ def test_lora_from_init_from_to_transformers(capsys, tmp_path, fake_data_dir,
 
   assert GENERATE.main(['--workdir', workdir, '--input', 'ROMEO:',
                         '--max_new_tokens', '8', '--temperature', '0']) == 0
-  assert capsys.readouterr().out.strip()
+  generated = capsys.readouterr().out.strip()
+  assert generated
+  if family == 'llama3':  # the LoRA run served, answering as generate.py
+    server = Server(workdir, key=None)
+    try:
+      status, answer = server.post('/v1/completions', {
+          'model': 'tune', 'prompt': 'ROMEO:', 'max_tokens': 8,
+          'temperature': 0})
+    finally:
+      assert server.stop() == 0, server.output()
+    assert status == 200, answer
+    assert ('ROMEO:' + answer['choices'][0]['text']).strip() == generated
 
   merged_dir = str(tmp_path / 'merged')
   assert EXPORT.main(['--workdir', workdir, '--format', 'hf', '--out',
