@@ -35,6 +35,7 @@ import time
 from typing import Sequence
 
 from jax_transformer import cli
+from jax_transformer.decoding import quantize
 from jax_transformer.errors import UsageError
 from jax_transformer.runtime.workdir import resolve
 
@@ -63,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       'prompts join in several')
   p.add_argument('--max_queue', type=int, default=256,
                  help='requests that may wait for a slot; more get 429')
-  p.add_argument('--dtype', choices=('bfloat16', 'float32'), default=None,
+  p.add_argument('--dtype', choices=quantize.DTYPES, default=None,
                  help="compute dtype (default: the checkpoint's)")
   p.add_argument('--int8', action='store_true',
                  help='int8 weight-only matmul kernels')
@@ -105,7 +106,6 @@ def model_name(args: argparse.Namespace) -> str:
 def build(args: argparse.Namespace):
   """(Served, seconds spent compiling, program count): the model loaded,
   its engine compiled and started."""
-  from jax_transformer.decoding import quantize  # pylint: disable=g-import-not-at-top
   from jax_transformer.model.models import EncoderDecoder  # pylint: disable=g-import-not-at-top
   from jax_transformer.serving.api import Served  # pylint: disable=g-import-not-at-top
   from jax_transformer.serving.engine import Engine  # pylint: disable=g-import-not-at-top
@@ -115,11 +115,7 @@ def build(args: argparse.Namespace):
     raise UsageError(f'--workdir {args.workdir} holds an encoder-decoder; '
                      'the server answers with a decoder-only language '
                      'model (translate with generate.py).')
-  config = trained.model.config
-  max_len = args.max_len or min(config.max_len, 4096)
-  if config.positional == 'learned' and max_len > config.max_len:
-    raise UsageError(f'--max_len {max_len} is past the {config.max_len} '
-                     'positions the model learned.')
+  max_len = args.max_len or min(trained.model.config.max_len, 4096)
   model = quantize.for_decoding(trained.model, args.dtype,
                                 'int8' if args.int8 else None)
   engine = Engine(model, slots=args.max_slots, max_len=max_len,

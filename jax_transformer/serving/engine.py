@@ -119,7 +119,7 @@ class Engine:
     # Whole chunks fit: a long prompt's last chunk, padded, stays inside.
     self.cache_len = -(-max_len // self.chunk) * self.chunk
     if config.positional == 'learned' and max_len > config.max_len:
-      raise UsageError(f'max_len {max_len} is past the {config.max_len} '
+      raise UsageError(f'--max_len {max_len} is past the {config.max_len} '
                        'positions the model learned.')
     self.max_len = max_len
     self.chunked = self.chunk < max_len  # a prompt may take several chunks
@@ -141,7 +141,6 @@ class Engine:
     self._accepting = True
     self._running = False
     self._thread: threading.Thread | None = None
-    self.steps = 0
     self.stats = collections.Counter()  # seconds and counts, for /health
     self.new_id = itertools.count(1).__next__  # numbers answers' ids
 
@@ -213,7 +212,7 @@ class Engine:
     out, self._cache = self._call(programs.decode_step, self._cache, tokens,
                                   active, self._sampling(held))
     out = np.asarray(out)
-    self.steps += 1
+    self.stats['steps'] += 1
     self.stats['step_rows'] += len(decoding)
     self.stats['step_s'] += time.perf_counter() - start
     return out
@@ -238,7 +237,6 @@ class Engine:
       self._step([scratch])
     jax.block_until_ready(self._cache)
     self._cache = self._empty_cache()
-    self.steps = 0
     self.stats.clear()
     return (len(self.buckets) + self.chunked + len(self.step_rows),
             time.perf_counter() - start)
@@ -272,6 +270,11 @@ class Engine:
       if not request.done:
         self._cancelled.append(request)
         self._wake.notify()
+
+  @property
+  def steps(self) -> int:
+    """Decode steps run since start-up."""
+    return self.stats['steps']
 
   @property
   def accepting(self) -> bool:
