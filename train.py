@@ -28,6 +28,7 @@ from ml_collections import config_flags
 from jax_transformer import cli
 from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.runtime import exits
 
 PROG = 'train.py'
@@ -126,27 +127,33 @@ def compile_for_target(values: flags.FlagValues) -> int:
   from jax_transformer.runtime import targets  # pylint: disable=g-import-not-at-top
   with targets.start(values.aot_target, overlap=values.xla_overlap):
     from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
-  row = report.check_fits(values.config, CONFIG_SPEC[0], values.aot_target,
-                          values.aot_slices)
+  row = report.check_fits(doors.from_command_line(values.config),
+                          CONFIG_SPEC[0], values.aot_target, values.aot_slices)
   print(report.summary(row))
   return 0
 
 
-def sample_from_own_data(values: flags.FlagValues) -> None:
-  """Empties config.sample.prompt (the sample then starts from a
-  validation document: ``evaluating.data_prompt``) where --config.data.name
-  names other data than the recipe's and --config.sample.prompt is not
-  given: the recipe's prompt (Shakespeare's 'ROMEO:') is its data's."""
-  from jax_transformer.train import recipes  # pylint: disable=g-import-not-at-top
+def command_line_fields(values: flags.FlagValues) -> set[str]:
+  """The config fields the command line gave (``model.d_model``, ...)."""
   try:
-    given = set(config_flags.get_override_values(values['config']))
+    return set(config_flags.get_override_values(values['config']))
   except Exception:  # pylint: disable=broad-except
-    return
+    return set()
+
+
+def apply_recipe_rules(values: flags.FlagValues, given: set[str]) -> None:
+  """The rules a recipe keeps for the fields the command line changed,
+  applied once, here: config.sample.prompt emptied (the sample then
+  starts from a validation document: ``evaluating.data_prompt``) where
+  --config.data.name names other data than the recipe's and
+  --config.sample.prompt is not given: the recipe's prompt (Shakespeare's
+  'ROMEO:') is its data's."""
+  from jax_transformer.train import recipes  # pylint: disable=g-import-not-at-top
   recipes.prompt_for_own_data(values.config, given,
                               lambda: cli.load_config(CONFIG_SPEC[0]))
 
 
-def harness_hooks(config) -> list:
+def harness_hooks(config: Experiment) -> list:
   """The hook scoring config.eval_harness's lm-eval tasks, if it names
   any; their data is loaded now, before the run's."""
   if not str(config.eval_harness.tasks).strip():
@@ -193,10 +200,12 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
                              barrier=values.barrier_timeout,
                              data=values.data_timeout))
   print(distributed.describe_job(), flush=True)  # one line per process
-  sample_from_own_data(values)
+  given = command_line_fields(values)
+  apply_recipe_rules(values, given)
+  exp = doors.from_command_line(values.config)
   try:
-    result = trainer.train_and_evaluate(values.config, values.workdir,
-                                        harness_hooks(values.config))
+    result = trainer.train_and_evaluate(exp, values.workdir,
+                                        harness_hooks(exp), explicit=given)
   except preemption.StoppedBeforeFirstStep as stopped:
     # Preparing the data or waiting for the first batch: one line.
     print(f'{PROG}: {stopped}', file=sys.stderr, flush=True)

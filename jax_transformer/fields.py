@@ -130,3 +130,22 @@ def replace_in(obj: Any, path: str, value: Any) -> Any:
   if rest:
     value = replace_in(getattr(obj, head), rest, value)
   return dataclasses.replace(obj, **{head: value})
+
+
+def not_an_integer(name: str, value: Any, least: int = 1,
+                   meaning: str = '') -> UsageError:
+  """The one sentence refusing ``value`` for a field that takes an integer
+  >= least (meaning: what a value says, e.g. ' (0: off)')."""
+  return UsageError(f'{name} must be an integer >= {least}{meaning}, got '
+                    f'{value!r}.')
+
+
+def check_integer(name: str, value: Any, least: int = 1,
+                  meaning: str = '') -> int:
+  """value where it is an integer >= least (a bool is not); else
+  :func:`not_an_integer`'s sentence. name: as the user writes it
+  (``config.num_steps``, ``--batch_size``)."""
+  if isinstance(value, bool) or not hasattr(value, '__index__') or (
+      value < least):
+    raise not_an_integer(name, value, least, meaning)
+  return int(value)

@@ -45,6 +45,7 @@ from jax_transformer import cli
 from jax_transformer.bench.rows import stream
 from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.runtime import targets
 
 if TYPE_CHECKING:
@@ -117,17 +118,16 @@ def parse_args(argv):
   return cfg, spec, values
 
 
-def config(name: str, args, **model):
-  cfg = cli.load_config(MODELS[name])
+def config(name: str, args, **model) -> Experiment:
   try:
     data, fsdp, tensor = (int(x) for x in args.mesh.split(','))
   except ValueError:
     raise UsageError(f'--mesh {args.mesh}: give data,fsdp,tensor, e.g. '
                      '1,4,2.') from None
-  cfg.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
-  cfg.batch_size = args.batch_size
-  cfg.model.update(**model)
-  return cfg
+  return doors.load(MODELS[name]).replace(
+      **{'mesh.data': data, 'mesh.fsdp': fsdp, 'mesh.tensor': tensor,
+         'batch_size': args.batch_size},
+      **{f'model.{k}': v for k, v in model.items()})
 
 
 def row(suite: str, name: str, cfg, proof: prove.Proof) -> dict:

@@ -51,6 +51,7 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.workdirs import importer
 
 PROG = 'import_params.py'
@@ -76,14 +77,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return args
 
 
-def load_config(spec: str, overrides: Sequence[str]):
-  """The ConfigDict of NAME[:preset] (or a file) with --config.* overrides,
-  parsed as train.py parses them."""
-  cfg, _, rest = cli.parse_config_flags([PROG, '--config', spec, *overrides])
+def load_config(spec: str, overrides: Sequence[str]) -> Experiment:
+  """The experiment of NAME[:preset] (or a file) with --config.*
+  overrides, parsed as train.py parses them."""
+  config, _, rest = cli.parse_config_flags(
+      [PROG, '--config', spec, *overrides])
   if rest:
     raise UsageError(f'Unexpected arguments {rest}; overrides look like '
                      '--config.a.b=value.')
-  return cfg
+  return doors.from_command_line(config)
 
 
 @cli.entry_point(PROG)

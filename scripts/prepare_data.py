@@ -35,7 +35,7 @@ import numpy as np
 from jax_transformer import cli
 from jax_transformer.data import datasets, sources
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import doors
 from jax_transformer.runtime import exits
 
 PROG = 'prepare_data.py'
@@ -148,7 +148,7 @@ def check_rows(cfg, prepared) -> None:
   step (data/preflight.py): its line, and a warning where the lengths
   above exceed the run's rows (a refusal, there, is a warning here)."""
   from jax_transformer.data import pipeline  # pylint: disable=g-import-not-at-top
-  batches = Experiment.of(cfg).train_batches
+  batches = cfg.train_batches
   for report in pipeline.training_preflight(batches, prepared.tokenizer):
     print(f'at the run\'s rows: {report.line()}')
     warning = report.warning()
@@ -172,11 +172,12 @@ def prepare(argv) -> tuple[datasets.PreparedData, argparse.Namespace, Any]:
   rest = cli.split_config_spec(argv)[1]
   overrides = [a for a in rest if a.lstrip('-').startswith(
       ('config.', 'noconfig.'))]
-  cfg, _, _ = cli.parse_config_flags([PROG, '--config', spec, *overrides])
+  config, _, _ = cli.parse_config_flags([PROG, '--config', spec, *overrides])
   args = parse_args([a for a in rest if a not in overrides],
                     with_config=True)
+  cfg = doors.from_command_line(config)
   if args.data_dir:
-    cfg.data.data_dir = args.data_dir
+    cfg = cfg.replace(**{'data.data_dir': args.data_dir})
   return sources.prepare_for(cfg.data, seq_len=cfg.seq_len,
                              workers=args.workers), args, cfg
 

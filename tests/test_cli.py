@@ -113,7 +113,7 @@ def test_import_params_reads_config_flags_as_train_does(capsys, tmp_path):
     ('--config.model.num_heads=3', 'd_model=32 is not divisible by '
      'num_heads=3'),
     ('--config.seq_len=100', 'config.seq_len=100 exceeds model.max_len=64'),
-    ('--config.num_steps=0', 'config.num_steps must be a positive integer'),
+    ('--config.num_steps=0', 'config.num_steps must be an integer >= 1'),
     ('--config.model_kind=gpt', "model_kind must be one of"),
     ('--config.mesh.dcn_data=-1', 'config.mesh.dcn_data must be an integer '
      '>= 0'),

@@ -23,10 +23,9 @@ from typing import Any
 
 import jax
 
-from jax_transformer import cli
 from jax_transformer.bench import timing
 from jax_transformer.bench.step import make_batch
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.model import lora
 from jax_transformer.train import memory, model_setup, perf, steps
 
@@ -64,10 +63,9 @@ def run(rounds: int = 5, config: str = CONFIG, rank: int = RANK,
   """One row (see the module docstring). overrides: top-level fields
   (seq_len, batch_size) or model fields (``model={'d_model': 64}``) of
   the config, for a smaller run."""
-  cfg = cli.load_config(config)
-  cfg.model.update(overrides.pop('model', {}))
-  cfg.update(overrides)
-  full_exp = Experiment.of(cfg).replace(**{'lora.rank': 0})
+  model = {f'model.{k}': v for k, v in overrides.pop('model', {}).items()}
+  full_exp = doors.load(config).replace(**model, **overrides,
+                                        **{'lora.rank': 0})
   lora_exp = full_exp.replace(**{'lora.rank': rank})
   case = dict(config=full_exp.model_config(vocab), batch=full_exp.batch_size,
               src_len=0, tgt_len=full_exp.seq_len)

@@ -31,10 +31,9 @@ import time
 import numpy as np
 
 from jax_transformer import data
-from jax_transformer.cli import load_config
 from jax_transformer.data.pipeline import stream_tokens
 from jax_transformer.errors import UsageError
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import doors
 
 STEPS = 600
 EVAL_EVERY = 100
@@ -68,7 +67,7 @@ print(json.dumps({'step': ckpt['iter_num'], 'val_loss': total / (n * t)}))
 def write_bytes(workdir: str) -> int:
   """The default job's train/validation token streams as nanoGPT data;
   returns the vocabulary size (the model's, padded as ours is)."""
-  cfg = load_config('lm_shakespeare')
+  cfg = doors.load('lm_shakespeare')
   prepared = data.prepare(cfg.data.name)
   spec = data.get_spec(cfg.data.name)
   os.makedirs(workdir, exist_ok=True)
@@ -76,8 +75,7 @@ def write_bytes(workdir: str) -> int:
     tokens = stream_tokens(data.load_source(cfg.data.name, split), spec,
                            prepared.tokenizer)
     tokens.astype(np.uint16).tofile(os.path.join(workdir, f'{name}.bin'))
-  vocab = Experiment.of(cfg).model_config(prepared.tokenizer.vocab_size
-                                         ).vocab_size
+  vocab = cfg.model_config(prepared.tokenizer.vocab_size).vocab_size
   with open(os.path.join(workdir, 'meta.pkl'), 'wb') as f:
     pickle.dump({'vocab_size': vocab}, f)
   return vocab

@@ -25,9 +25,8 @@ import time
 import numpy as np
 
 from jax_transformer import data
-from jax_transformer.cli import load_config
 from jax_transformer.data import token_store
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import doors
 from jax_transformer.model.config import transformer_base
 from jax_transformer.train import perf
 
@@ -38,7 +37,7 @@ EXAMPLES = 1_000_000
 
 def shapes() -> dict[str, dict]:
   """Per model: its dataset, pipeline config, batch shape and model."""
-  gpt2 = load_config('gpt2_small')
+  gpt2 = doors.load('gpt2_small')
   return {
       'transformer_base': dict(
           dataset='wmt14_translate/de-en', features=('en', 'de'),
@@ -47,7 +46,7 @@ def shapes() -> dict[str, dict]:
       'gpt2_small': dict(
           dataset='lm1b', features=('text',), cfg={'pack': True},
           lengths=(5, 50), batch=gpt2.batch_size, seq=gpt2.seq_len,
-          model=Experiment.of(gpt2).model_config(32768), src_len=0),
+          model=gpt2.model_config(32768), src_len=0),
   }
 
 

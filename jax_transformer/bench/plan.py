@@ -21,8 +21,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from jax_transformer import cli
 from jax_transformer.compile import step_model
+from jax_transformer.experiment import doors
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import measure, search
 
@@ -44,7 +44,7 @@ def run(config: str | None = None, budget_s: float = 300,
         ) -> list[dict]:
   where = search.Where.here()
   if where.platform != 'cpu' or config is not None:
-    cfg = cli.load_config(config or 'gpt2_small')
+    cfg = doors.load(config or 'gpt2_small')
     rows = _rows(cfg, _layouts_planned(cfg, where, budget_s), where,
                  VOCAB, rounds, config or 'gpt2_small')
     return rows + [summary(rows)]

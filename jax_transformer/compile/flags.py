@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-import ml_collections
 from absl import flags
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment, doors
 
 # The names are parsed by jax_transformer/runtime/targets.py, which imports
 # JAX; a name that is not a slice is refused there, in one sentence.
@@ -78,9 +78,9 @@ def define_serialize(values: flags.FlagValues) -> None:
 
 def parse(prog: str, argv: Sequence[str], values: flags.FlagValues,
           doc: str = '', config: str = 'required'
-          ) -> tuple[ml_collections.ConfigDict | None, str | None]:
+          ) -> tuple[Experiment | None, str | None]:
   """Reads argv (the flags, without the program) into values; returns
-  (the config, its spec) of ``--config NAME[:preset]`` and its
+  (the experiment, its spec) of ``--config NAME[:preset]`` and its
   ``--config.a.b=value`` overrides: ``config`` is 'required', 'optional'
   ((None, None) where argv names none) or 'never' (no --config flag).
 
@@ -107,7 +107,8 @@ def parse(prog: str, argv: Sequence[str], values: flags.FlagValues,
       raise UsageError(f'{cli.one_line(e)}; see --help.') from None
     cfg = None
   else:
-    cfg, spec, rest = cli.parse_config_flags([prog, *argv], None, values)
+    config, spec, rest = cli.parse_config_flags([prog, *argv], None, values)
+    cfg = doors.from_command_line(config)
   if rest:
     raise UsageError(f'Unexpected arguments {rest}.')
   return cfg, spec

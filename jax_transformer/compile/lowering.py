@@ -27,7 +27,6 @@ def abstract_batch(cfg: Experiment,
                    mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes and shardings of one global batch of this config (with a
   loss_mask where the run reads instruction data)."""
-  cfg = Experiment.of(cfg)
   if cfg.model_kind == 'decoder_lm':
     layout = (batching.instruction_layout(cfg.seq_len)
               if _reads_instructions(cfg) else batching.lm_layout(cfg.seq_len))

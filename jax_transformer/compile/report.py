@@ -94,7 +94,6 @@ def compile_steps(cfg: Experiment, devices: list,
   facts of the run for the report (setup, the pre-flight estimate, the
   mesh). ``train_only``: the train step alone (evaluation and the decode
   None)."""
-  cfg = Experiment.of(cfg)
   run = lowering.lower_train(cfg, devices, platform, vocab_size)
   train = compile_lowered(run.lowered, run.lower_s)
   setup, mesh, shardings = run.setup, run.mesh, run.shardings
@@ -114,7 +113,6 @@ def compile_decode(cfg: Experiment, setup, mesh,
   """The whole KV-cached greedy decode (``decoding.loop.generate_jit``) of
   eval_batch_size rows: an LM continues seq_len / 2 prompt tokens to
   seq_len; a translation model decodes seq_len tokens from src_len."""
-  cfg = Experiment.of(cfg)
   params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                     sharding=param_shardings[k])
             for k, v in setup.abstract_params.items()}
@@ -195,7 +193,6 @@ def report(cfg: Experiment, spec: str, target_name: str,
   (``train_only``: the train step alone, the row without eval_* and
   decode_* fields; ``network_bytes_per_s``: the network's rate a chip
   between hosts or slices, the chip's default where None)."""
-  cfg = Experiment.of(cfg)
   target = targets.target(target_name)
   devices = target_devices(target, slices)
   platform = target.kernel_platform
@@ -208,7 +205,7 @@ def report(cfg: Experiment, spec: str, target_name: str,
     if 'cudnn' not in str(err).lower():
       raise
     # cuDNN's fused attention compiles only with cuDNN's library at hand.
-    cfg = Experiment.of(cfg).replace(
+    cfg = cfg.replace(
         **{'model.attention_implementation': 'xla'})
     kernel_note = ("cudnn (auto) did not compile here: cuDNN's library is "
                    "not installed (pip install -e '.[aot-gpu]'); compiled "

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jax_transformer import data, decoding
+from jax_transformer import data, decoding, fields
 from jax_transformer.data.batching import markers
 from jax_transformer.decoding.sampling import greedy, is_deterministic
 from jax_transformer.errors import UsageError
@@ -233,10 +233,7 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
   but encodes to nothing or does not fit the model; other bad arguments
   raise ValueError.
   """
-  if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-      or batch_size < 1):
-    raise UsageError(f'batch_size must be a positive integer, got '
-                     f'{batch_size!r}.')
+  fields.check_integer('batch_size', batch_size)
   if beam_size > 1 and not is_deterministic(sampler):
     raise UsageError('Beam search does not sample; pass sampler=greedy or '
                      'beam_size=1.')

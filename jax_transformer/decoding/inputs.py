@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
@@ -75,10 +76,7 @@ def check_id(name: str, value, vocab_size: int, optional: bool = False):
 
 
 def check_positive(name: str, value) -> int:
-  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-      or value < 1):
-    raise UsageError(f'{name} must be a positive integer, got {value!r}.')
-  return int(value)
+  return fields.check_integer(name, value)
 
 
 class Inputs(NamedTuple):

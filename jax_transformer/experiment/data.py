@@ -115,8 +115,4 @@ class DataConfig:
       raise UsageError("config.data.chat_train must be 'all' or 'last', got "
                        f'{self.chat_train!r}.')
     for name, least in (('worker_count', 0), ('worker_buffer_size', 1)):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or (
-          value < least):
-        raise UsageError(f'config.data.{name} must be an integer >= {least}, '
-                         f'got {value!r}.')
+      fields.check_integer(f'config.data.{name}', getattr(self, name), least)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig
 
@@ -37,10 +38,7 @@ class LoraConfig:
     """Refuses in one sentence a rank below 0 or, with LoRA on, an alpha
     that is not positive or a dropout outside [0, 1) (the targets are
     checked against the model)."""
-    rank = self.rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-      raise UsageError(f'config.lora.rank must be an integer >= 0 (0: off), '
-                       f'got {rank!r}.')
+    rank = fields.check_integer('config.lora.rank', self.rank, 0, ' (0: off)')
     alpha = self.alpha
     if rank and (isinstance(alpha, bool) or not isinstance(
         alpha, (int, float)) or not alpha > 0):
@@ -124,11 +122,8 @@ class OptimConfig:
         ('grad_accum_steps', 1, ''), ('warmup_steps', 0, ''),
         ('max_skipped_updates', 0,
          ' (0: stop at the first non-finite step)')):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or (
-          value < least):
-        raise UsageError(f'config.optim.{name} must be an integer >= {least}'
-                         f'{meaning}, got {value!r}.')
+      fields.check_integer(f'config.optim.{name}', getattr(self, name),
+                           least, meaning)
 
 
 @dataclasses.dataclass(frozen=True)

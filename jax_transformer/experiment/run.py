@@ -306,9 +306,7 @@ class Experiment:
 
 
 def _positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise UsageError(f'config.{name} must be a positive integer, got '
-                     f'{value!r}.')
+  fields.check_integer(f'config.{name}', value)
 
 
 def base_config() -> ConfigDict:

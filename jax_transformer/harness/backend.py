@@ -42,7 +42,7 @@ from lm_eval.utils import (
 )
 from tqdm import tqdm
 
-from jax_transformer import data
+from jax_transformer import data, fields
 from jax_transformer.data.batching import markers
 from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
@@ -64,7 +64,7 @@ def _positive_int(name: str, value: Any) -> int:
   except (TypeError, ValueError):
     number = 0
   if number < 1 or str(number) != str(value).strip():
-    raise UsageError(f'{name} must be a positive integer, got {value!r}.')
+    raise fields.not_an_integer(name, value)
   return number
 
 

@@ -16,6 +16,7 @@ lm-eval's table.
 
 from __future__ import annotations
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.harness import backend, tasks
@@ -27,16 +28,14 @@ def settings_of(cfg: Experiment) -> tasks.Settings | None:
   h = cfg.eval_harness
   if not h.tasks.strip():
     return None
-  if h.every is not None and (isinstance(h.every, bool) or h.every < 1):
-    raise UsageError(f'config.eval_harness.every must be a positive integer, '
-                     f'got {h.every!r}.')
+  if h.every is not None:
+    fields.check_integer('config.eval_harness.every', h.every)
   if h.every is not None and h.every % cfg.log_every:
     raise UsageError(f'config.eval_harness.every={h.every} is not a multiple '
                      f'of config.log_every={cfg.log_every}: tasks are scored '
                      'into a metrics row, which comes every log_every steps.')
-  if h.batch_size is not None and h.batch_size < 1:
-    raise UsageError('config.eval_harness.batch_size must be a positive '
-                     f'integer, got {h.batch_size!r}.')
+  if h.batch_size is not None:
+    fields.check_integer('config.eval_harness.batch_size', h.batch_size)
   if cfg.model_kind != 'decoder_lm':
     raise UsageError('config.eval_harness scores decoder-only language '
                      'models; an encoder-decoder is scored by the run\'s '
@@ -76,8 +75,7 @@ class HarnessEvaluation:
     row.update({f'harness/{k}': v for k, v in tasks.metrics(results).items()})
 
 
-def hooks_for(cfg) -> list:
+def hooks_for(cfg: Experiment) -> list:
   """[the hook] where config.eval_harness names tasks, else []."""
-  cfg = Experiment.of(cfg)
   settings = settings_of(cfg)
   return [] if settings is None else [HarnessEvaluation(cfg, settings)]

@@ -13,6 +13,7 @@ from typing import Literal
 import ml_dtypes  # noqa: F401
 import numpy as np
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 
 Activation = Literal['relu', 'gelu', 'gelu_tanh', 'swiglu']
@@ -104,8 +105,8 @@ class ModelConfig:
       value = getattr(self, name)
       if name == 'vocab_size' and value is None:
         continue
-      if not isinstance(value, int) or value <= 0:
-        yield f'{name} must be a positive integer, got {value!r}.'
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        yield str(fields.not_an_integer(name, value))
     for name in ('num_encoder_layers', 'num_decoder_layers'):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
@@ -120,12 +121,10 @@ def dcn_counts(sizes: Mapping[str, int]) -> tuple[int, int]:
   sentence when it is not an integer >= 0."""
   counts = []
   for name in DCN_FIELDS:
-    value = sizes.get(name, 0) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-      raise UsageError(f'config.mesh.{name} must be an integer >= 0 (how '
-                       'many slices or hosts that axis spans; 0 for both: '
-                       f'automatic), got {value!r}.')
-    counts.append(value)
+    counts.append(fields.check_integer(
+        f'config.mesh.{name}', sizes.get(name, 0) or 0, 0,
+        ' (how many slices or hosts that axis spans; 0 for both: '
+        'automatic)'))
   return counts[0], counts[1]
 
 

@@ -57,7 +57,7 @@ class Candidate:
 
   def apply(self, cfg: Experiment) -> Experiment:
     """A copy of cfg laid out as this candidate."""
-    return Experiment.of(cfg).replace(**self.overrides())
+    return cfg.replace(**self.overrides())
 
   def describe(self) -> str:
     mesh = ' x '.join(f'{k} {v}' for k, v in
@@ -74,7 +74,6 @@ def shipped(cfg: Experiment, chips: int,
   """The config's own layout at global_batch rows an update: its mesh
   (-1 resolved to the chips left), remat, dtype, loss chunk, and its
   accumulation where that divides the batch."""
-  cfg = Experiment.of(cfg)
   # The three axes only: mesh.dcn_* say how they cross slices, not sizes.
   sizes = {axis: getattr(cfg.mesh, axis) for axis in ('data', 'fsdp', 'tensor')}
   known = 1
@@ -114,7 +113,6 @@ def enumerate_candidates(cfg: Experiment, chips: int,
   update: each mesh, remat, dtype, loss chunk, and each accumulation that
   leaves every batch shard whole rows. Over several slices only data
   parallelism crosses between them (mesh.data a multiple of slices)."""
-  cfg = Experiment.of(cfg)
   m = cfg.model
   heads = m.num_heads
   kv_heads = m.kv_heads

@@ -12,9 +12,8 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jax_transformer import cli
 from jax_transformer.compile import lowering
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 
@@ -23,7 +22,6 @@ def step_runner(cfg: Experiment, devices: list,
                 vocab_size: int) -> Callable[[], None]:
   """A function running cfg's train step once on devices (compiled here,
   state initialised from cfg's seed, one fixed batch of random tokens)."""
-  cfg = Experiment.of(cfg)
   run = lowering.lower_here(cfg, vocab_size, devices)
   compiled = run.lowered.compile()
   state = jax.jit(lambda: run.setup.init_state(cfg.seed),
@@ -53,7 +51,6 @@ def measure(base: Experiment,
   """Median seconds per optimizer update of each layout (its step time x
   grad_accum_steps), in rounds interleaved over the layouts so that the
   host's load falls on all alike."""
-  base = Experiment.of(base)
   runners = [step_runner(c.apply(base), devices, vocab_size)
              for c in layouts]
   for run in runners:
@@ -82,7 +79,6 @@ def compare(base: Experiment, layouts: list[cands.Candidate],
   """Each layout planned on ``where`` (the devices at hand) and measured
   there: its plan row with measured_step_s and the ratio of prediction to
   measurement added, in the order of layouts."""
-  base = Experiment.of(base)
   base = layouts[0].apply(base)  # the first is the plan's own layout
   rows = search.plan(base, 'compare', where, layouts[0].batch_size
                      * layouts[0].grad_accum_steps, budget_s=float('inf'),
@@ -123,11 +119,10 @@ def host_check_config(size: str = 'small') -> Experiment:
   """The LM of ``HOST_SIZES[size]`` (d_ff 4 x width) on 8 host devices;
   'small' is 4 layers of width 256, 8 heads, 128-token rows."""
   s = HOST_SIZES[size]
-  cfg = cli.load_config('lm_shakespeare')
-  cfg.model.update(d_model=s.width, num_heads=s.heads,
-                   num_decoder_layers=s.layers, d_ff=4 * s.width)
-  cfg.seq_len = s.seq_len
-  return Experiment.of(cfg)
+  return doors.load('lm_shakespeare').replace(**{
+      'model.d_model': s.width, 'model.num_heads': s.heads,
+      'model.num_decoder_layers': s.layers, 'model.d_ff': 4 * s.width,
+      'seq_len': s.seq_len})
 
 
 def host_check_layouts(size: str = 'small') -> list[cands.Candidate]:

@@ -87,7 +87,6 @@ def guess(c: cands.Candidate, cfg: Experiment, mc,
   between layers, at link speed (both in full, as if nothing overlapped:
   a layout that moves more per FLOP, such as many accumulation steps each
   gathering every weight, comes later). Only orders the compiles."""
-  cfg = Experiment.of(cfg)
   rates, chips = where.rates, where.chips
   flops = perf.step_flops(mc, c.batch_size, cfg.source_len,
                           cfg.seq_len)['train']
@@ -119,7 +118,6 @@ def loss_chunk_hbm(c: cands.Candidate, cfg: Experiment,
   chunk reads the gathered bf16 head three times (logits, their
   recomputation, the rows' gradient) and reads and writes its float32
   gradient slot, however few of the chunk's rows a chip holds."""
-  cfg = Experiment.of(cfg)
   if not c.loss_chunk_size:
     return 0.0
   chunks = -(-c.batch_size * cfg.seq_len // c.loss_chunk_size)
@@ -181,7 +179,7 @@ class Sizer:
 
   def __init__(self, base: Experiment, where: Where,
                vocab_size: int):
-    self.base, self.where = Experiment.of(base), where
+    self.base, self.where = base, where
     self.vocab_size = vocab_size
     self.setups, self.states = {}, {}
 
@@ -256,7 +254,6 @@ def plan(cfg: Experiment, spec: str, where: Where,
   candidates instead of every one; param_dtypes and remats limit the
   dtypes and remat policies enumerated (bfloat16 parameters change the
   training's numerics)."""
-  cfg = Experiment.of(cfg)
   log = log or (lambda line: print(line, file=sys.stderr, flush=True))
   start = time.perf_counter()
   own = cands.shipped(cfg, where.chips, global_batch)

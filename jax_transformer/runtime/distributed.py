@@ -22,7 +22,9 @@ import os
 import threading
 
 import jax
+import numpy as np
 from jax._src import distributed as jax_distributed
+from jax.experimental import multihost_utils
 
 from jax_transformer.runtime import cluster, liveness, xla_options
 
@@ -191,6 +193,14 @@ def receive(name: str, kind: str = 'barrier') -> str:
     _raise_if_late(err, f'No process sent {name!r} within {seconds:g} s '
                    f'(--{kind}_timeout)', "the sender's log says why")
     raise
+
+
+def everywhere(ok: bool) -> bool:
+  """Whether ok holds on every process: the same answer on all (a
+  collective: every process calls it at the same point)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
 
 def all_passed(name: str, failure: str | None = None) -> None:

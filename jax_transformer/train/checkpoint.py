@@ -33,10 +33,10 @@ from orbax.checkpoint._src.metadata import array_metadata_store
 from jax_transformer.data import corpus
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import DataConfig, Experiment
+from jax_transformer.experiment import DataConfig, Experiment, doors
 from jax_transformer.model import lora
 from jax_transformer.model.params import is_scanned, to_layout
-from jax_transformer.runtime import storage
+from jax_transformer.runtime import distributed, storage
 from jax_transformer.runtime.workdir import WorkdirPaths, resolve
 
 
@@ -210,7 +210,7 @@ class Checkpointer:
           raise  # readable but another model: older steps would not fit
         except Exception as err:  # pylint: disable=broad-except
           attempt, error = None, err
-        if _everywhere(attempt is not None):
+        if distributed.everywhere(attempt is not None):
           restored = attempt
           break
         errors.append((candidate, error if attempt is None else
@@ -242,7 +242,7 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f'moved aside step {step}')
     return str(target)
 
-  def _frozen(self, abstract_params: dict[str, Any]) -> dict[str, Any]:
+  def frozen(self, abstract_params: dict[str, Any]) -> dict[str, Any]:
     """The frozen base of a LoRA run (``{}`` otherwise), read from its
     config.init_from onto abstract_params' shardings."""
     base = lora.frozen(abstract_params)
@@ -259,7 +259,7 @@ class Checkpointer:
     full = abstract_state['params']
     abstract_state = dict(abstract_state, params=lora.trainable(full))
     state, data_state = self._restore_trained(abstract_state, step)
-    frozen = self._frozen(full)
+    frozen = self.frozen(full)
     if frozen:
       state = dict(state, params={**frozen, **state['params']})
     return state, data_state
@@ -294,7 +294,7 @@ class Checkpointer:
     self.check_fits(abstract_params, step)
     params = convert(self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_params)))['params'])
-    return {**self._frozen(full), **params}
+    return {**self.frozen(full), **params}
 
   def check_errors(self) -> None:
     """Raises SaveFailed if a background save has failed (cheap: call it
@@ -465,14 +465,7 @@ def load_config(workdir: str | WorkdirPaths
   path = resolve(workdir).config
   if not path.exists():
     return None
-  return Experiment.of(json.loads(path.read_text()))
-
-
-def _everywhere(ok: bool) -> bool:
-  """Whether ok holds on every process (the same answer on all)."""
-  if jax.process_count() == 1:
-    return ok
-  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+  return doors.from_saved(json.loads(path.read_text()))
 
 
 @contextlib.contextmanager

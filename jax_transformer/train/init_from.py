@@ -6,13 +6,13 @@
 (``meta-llama/Llama-3.2-1B``, read offline), or another training workdir.
 Then:
 
-* :func:`resolve_config` sets every architecture field of ``config.model``
+* :func:`resolve_model` sets every architecture field of ``config.model``
   (and ``model_kind``) from the checkpoint, before any check or setup; the
   runtime fields (dtype, dropout, scanned layers, remat) stay the config's.
   A field also given on the command line with another value is refused in
   one sentence;
-* :func:`start` (the trainer's ``_start``, when the workdir has no
-  checkpoint yet) gives the checkpoint's tokenizer and its parameters,
+* :func:`start` (the trainer's, when the workdir has no checkpoint yet)
+  gives the checkpoint's tokenizer and its parameters,
   placed straight onto the run's shardings (``interop/hf_checkpoint.py``
   reads a Hugging Face folder tensor by tensor);
 * :func:`frozen_base` reads a LoRA run's frozen base again at each start.
@@ -26,9 +26,7 @@ import os
 from typing import Any, Mapping
 
 import jax
-from absl import flags
 from jax.sharding import NamedSharding
-from ml_collections import config_flags
 
 from jax_transformer.data.tokenizers import load_tokenizer
 from jax_transformer.errors import UsageError, first_line
@@ -56,7 +54,7 @@ def workdir_source(path: str) -> Source:
     raise UsageError(f'config.init_from={path} has no config.json: not a '
                      'training workdir.')
   tokenizer = load_tokenizer(paths.tokenizer)
-  setup = model_setup.build(cfg, tokenizer.vocab_size)
+  setup = model_setup.build_model(cfg, tokenizer.vocab_size)
 
   def place(model_config, shardings):
     del model_config  # the workdir's own
@@ -108,47 +106,30 @@ def open_source(path: str) -> Source:
 # The trainer's calls.
 
 
-def command_line_overrides(cfg: Any) -> set[str]:
-  """The config fields given on train.py's command line
-  (``model.d_model``, ...), when ``cfg`` is the ConfigDict it parsed."""
-  try:
-    flag = flags.FLAGS['config']
-    if flag.value is not cfg:
-      return set()
-    return set(config_flags.get_override_values(flag))
-  except Exception:  # pylint: disable=broad-except
-    return set()
+def resolve_model(cfg: Experiment, workdir: WorkdirPaths | None = None,
+                  explicit: set[str] = frozenset()
+                  ) -> tuple[Experiment, Source | None]:
+  """cfg with, where ``config.init_from`` is set, ``config.model_kind``
+  and every architecture field of ``config.model`` the checkpoint's; and
+  the Source opened for them (None: no init_from, or its path is gone and
+  ``workdir`` already started from it: the fields that run saved).
 
-
-def source_fields(path: str, workdir: WorkdirPaths | None = None
-                  ) -> tuple[str, dict[str, Any]]:
-  """(model_kind, architecture fields) of the model at ``path``; when it is
-  gone but ``workdir`` already started from it, those that run saved."""
+  explicit: the fields given on the command line (``model.d_model``,
+  ...); one of them with another value than the checkpoint's is refused
+  in one sentence.
+  """
+  path = cfg.init_from
+  if not path:
+    return cfg, None
+  path = os.fspath(path)
   if (not os.path.exists(path) and workdir is not None
       and workdir.config.exists() and hf_folder(path) is None):
     saved = json.loads(workdir.config.read_text())
-    return saved['model_kind'], complete_fields(saved['model'])
+    return apply_fields(cfg, path, saved['model_kind'],
+                        complete_fields(saved['model']), explicit), None
   source = open_source(path)
-  return source.model_kind, source.fields
-
-
-def resolve_config(cfg: Experiment,
-                   workdir: str | WorkdirPaths | None = None,
-                   explicit: set[str] = frozenset()) -> Experiment:
-  """cfg with, where ``config.init_from`` is set, ``config.model_kind``
-  and every architecture field of ``config.model`` the checkpoint's.
-
-  explicit: the fields given on the command line (train.py's:
-  :func:`command_line_overrides`); one of them with another value than the
-  checkpoint's is refused in one sentence.
-  """
-  cfg = Experiment.of(cfg)
-  path = cfg.init_from
-  if not path:
-    return cfg
-  paths = None if workdir is None else resolve(workdir)
-  kind, fields = source_fields(os.fspath(path), paths)
-  return apply_fields(cfg, path, kind, fields, explicit)
+  return apply_fields(cfg, path, source.model_kind, source.fields,
+                      explicit), source
 
 
 def apply_fields(cfg: Experiment, path: str, kind: str,
@@ -156,7 +137,6 @@ def apply_fields(cfg: Experiment, path: str, kind: str,
                  ) -> Experiment:
   """cfg with model_kind and config.model's architecture fields a
   source's, refusing one given explicitly with another value."""
-  cfg = Experiment.of(cfg)
   current = dataclasses.asdict(cfg.model)
   wrong = [f'model.{k}' for k, v in fields.items()
            if f'model.{k}' in explicit and current.get(k) != v]
@@ -242,17 +222,12 @@ def frozen_base(cfg: Experiment,
   return {k: params[k] for k in abstract}
 
 
-def start(cfg: Experiment, has_checkpoint: bool
-          ) -> Start | None:
-  """The pretrained model a new run starts from (None: no init_from, or the
-  workdir already has a checkpoint, which then wins)."""
-  path = cfg.init_from
-  if not path or has_checkpoint:
-    return None
-  source = open_source(os.fspath(path))
+def start(source: Source) -> Start:
+  """What a new run takes from the pretrained model ``source``: its
+  parameters (later) and its tokenizer (now)."""
   try:
     tokenizer = source.tokenizer()
   except (OSError, ValueError) as e:
-    raise UsageError(f'config.init_from={path}: its tokenizer cannot be '
-                     f'read ({first_line(e)}).') from None
+    raise UsageError(f'config.init_from={source.path}: its tokenizer cannot '
+                     f'be read ({first_line(e)}).') from None
   return Start(source, tokenizer)

@@ -40,7 +40,7 @@ from orbax.checkpoint.experimental.emergency.p2p import (
 )
 from orbax.checkpoint.experimental.emergency.p2p import options as p2p_options
 
-from jax_transformer.errors import UsageError, named_line
+from jax_transformer.errors import UsageError
 from jax_transformer.model import lora
 from jax_transformer.runtime import distributed, storage
 from jax_transformer.runtime.workdir import WorkdirPaths
@@ -246,46 +246,6 @@ def claim(directory: str, workdir: WorkdirPaths) -> None:
     f.write(owner + '\n')
 
 
-def restore_newest(checkpointer, local: LocalTier | None,
-                   abstract_state: dict[str, Any], notice
-                   ) -> tuple[dict[str, Any], Any, str]:
-  """(state, data position, the tier read) from the newest step either
-  tier holds. A local step every process cannot read is moved aside on
-  each host, with one line, and the persistent tier is read instead (with
-  its own damaged-step handling)."""
-  persistent = checkpointer.latest_step()
-  newest = local.latest_step() if local else None
-  if newest is not None and (persistent is None or newest > persistent):
-    try:
-      state, position = local.restore(abstract_state, newest)
-      state = _with_frozen(checkpointer, state, abstract_state)
-      error = None
-    except Exception as err:  # pylint: disable=broad-except
-      state, error = None, err
-    if _everywhere(error is None):
-      local.forget_after(newest)
-      return state, position, 'local tier'
-    local.move_aside(newest)
-    notice(f'Local checkpoint step {newest} could not be read '
-           f'({named_line(error) if error else "on another process"}); moved '
-           f'it to {local.directory}/{newest}.unreadable and resumed from '
-           'the persistent tier.')
-  if persistent is None:
-    raise FileNotFoundError('No tier holds a readable checkpoint.')
-  state, position = checkpointer.restore(abstract_state)
-  if local:
-    local.forget_after(int(jax.device_get(state['step'])))
-  return state, position, 'persistent tier'
-
-
-def _with_frozen(checkpointer, state, abstract_state):
-  """A LoRA run's frozen base put back beside its restored adapters."""
-  frozen = checkpointer._frozen(abstract_state['params'])  # pylint: disable=protected-access
-  if frozen:
-    state = dict(state, params={**frozen, **state['params']})
-  return state
-
-
 class LocalSaving:
   """The local tier as a training hook (see hooks.py), before
   checkpoint.Saving: every ``local_checkpoint_every`` steps, the persistent
@@ -314,8 +274,3 @@ class LocalSaving:
     del run
     self._tier.wait()
 
-
-def _everywhere(ok: bool) -> bool:
-  if jax.process_count() == 1:
-    return ok
-  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))

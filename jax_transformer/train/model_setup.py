@@ -36,13 +36,15 @@ def train_state(params: Params, tx: optax.GradientTransformation,
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Setup:
-  """Everything static about one training run."""
+  """Everything static about one training run: the model, and (None where
+  only the model is wanted: ``build_model``, for inference) its schedule
+  and optimizer."""
   model_config: ModelConfig
   model_cls: type
   model_def: ModelDef
   abstract_params: Params
-  schedule: optax.Schedule
-  tx: optax.GradientTransformation
+  schedule: optax.Schedule | None = None
+  tx: optax.GradientTransformation | None = None
 
   def init_params(self, key: jax.Array) -> Params:
     model = self.model_cls(self.model_config, nnx.Rngs(params=key))
@@ -72,10 +74,15 @@ class Setup:
     return jax.eval_shape(lambda: self.init_state(seed))
 
 
-def build(exp: Any, tokenizer_vocab: int) -> Setup:
-  """The Setup of an experiment (an Experiment, or anything
-  ``Experiment.of`` reads) whose tokenizer has tokenizer_vocab ids."""
-  exp = Experiment.of(exp)
+def build(exp: Experiment, tokenizer_vocab: int) -> Setup:
+  """The Setup of an experiment whose tokenizer has tokenizer_vocab
+  ids: its model, schedule and optimizer."""
+  return with_optimizer(build_model(exp, tokenizer_vocab), exp)
+
+
+def build_model(exp: Experiment, tokenizer_vocab: int) -> Setup:
+  """The Setup of an experiment's model alone (no schedule, no optimizer:
+  what inference opens)."""
   if exp.model_kind not in MODELS:
     raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
                      f'{exp.model_kind!r}.')
@@ -83,15 +90,13 @@ def build(exp: Any, tokenizer_vocab: int) -> Setup:
   cls = MODELS[exp.model_kind]
   model_def, abstract_params = lora.apply(
       exp.lora, *abstract(lambda: cls(mc, nnx.Rngs(0))))
-  schedule, tx = optim.build(exp.optim, mc.d_model, exp.num_steps,
-                             lora.trainable(abstract_params))
-  return Setup(mc, cls, model_def, abstract_params, schedule, tx)
+  return Setup(mc, cls, model_def, abstract_params)
 
 
-def with_optimizer(base: Setup, exp: Any) -> Setup:
+def with_optimizer(base: Setup, exp: Experiment) -> Setup:
   """base with exp's schedule and optimizer (e.g. another gradient
-  accumulation), its model unchanged: no model is built again."""
-  exp = Experiment.of(exp)
+  accumulation, or a model built alone), its model unchanged: no model is
+  built again."""
   schedule, tx = optim.build(exp.optim, base.model_config.d_model,
                              exp.num_steps,
                              lora.trainable(base.abstract_params))

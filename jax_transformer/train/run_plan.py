@@ -65,12 +65,11 @@ class RunPlan:
                    out_shardings=self.shardings)()
 
 
-def checked(exp: Any) -> Experiment:
-  """exp typed, after its fields' checks (``Experiment.check``) and its
+def checked(exp: Experiment) -> Experiment:
+  """exp after its fields' checks (``Experiment.check``) and its
   data's (``data.check_config``: the dataset it names, a 'files' glob
   that matches nothing, its mixture, its tokenizer_path); all before any
   data is prepared."""
-  exp = Experiment.of(exp)
   exp.check()
   data.check_config(exp.data)
   return exp
@@ -91,18 +90,17 @@ def mesh_for(exp: Experiment, devices=None) -> Mesh:
   return mesh
 
 
-def build(exp: Any, mesh: Mesh, vocab_size: int,
+def build(exp: Experiment, mesh: Mesh, vocab_size: int,
           setup: model_setup.Setup | None = None,
           platform: str | None = None,
           abstract_state: dict[str, Any] | None = None) -> RunPlan:
-  """The plan of exp (anything ``Experiment.of`` reads) on mesh with a
+  """The plan of exp on mesh with a
   tokenizer of vocab_size ids; ``setup`` reuses one built for exp's model
   and optimizer; ``platform`` ('tpu', 'gpu'): the memory estimate counts
   the attention that platform's compiler would run ('auto'), where the
   run is compiled for a target; ``abstract_state`` reuses setup's (the
   planner sizes many layouts of one setup). Refuses in one sentence parameters the
   mesh cannot split."""
-  exp = Experiment.of(exp)
   setup = setup or model_setup.build(exp, vocab_size)
   if abstract_state is None:
     abstract_state = setup.abstract_state(exp.seed)

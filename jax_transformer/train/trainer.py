@@ -1,27 +1,33 @@
 """The training loop: next batch, step, hooks.
 
-``train_and_evaluate`` checks a run, prepares its data and state
-(``_start``), then ``run_steps`` reads a batch, runs a step and tells the
-run's hooks (hooks.py), which do everything else: checkpoints, evaluation,
-metrics rows, progress, the goodput clock, the stall watch, the finite
-check, the profiler, stop signals and fault points. The math is in
-``steps.py``.
+``train_and_evaluate`` checks a run (``check_run``), opens its checkpoint
+tiers (tiers.py), prepares its data and state (``prepare_run``; the
+state's origin is origins.py's), then ``run_steps`` reads a batch, runs a
+step and tells the run's hooks (hooks.py), which do everything else:
+checkpoints, evaluation, metrics rows, progress, the goodput clock, the
+stall watch, the finite check, the profiler, stop signals and fault
+points. The math is in ``steps.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import sys
 import time
+from typing import AbstractSet as Set
 from typing import Any, Sequence
 
 import jax
 from absl import logging
+from jax.sharding import Mesh
 
 from jax_transformer import data
 from jax_transformer.data import corpus
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import Experiment
+from jax_transformer.experiment import Experiment, doors
+from jax_transformer.interop.hf_checkpoint import Source
 from jax_transformer.model import sharding
 from jax_transformer.runtime import distributed, faults, stall, storage
 from jax_transformer.runtime.workdir import (
@@ -42,6 +48,7 @@ from jax_transformer.train import (
   local_tier,
   memory,
   metrics,
+  origins,
   perf,
   preemption,
   profiling,
@@ -50,8 +57,8 @@ from jax_transformer.train import (
   steps,
 )
 from jax_transformer.train.evaluating import evaluate  # noqa: F401 (tests wrap it)
-from jax_transformer.train.finite import check_finite  # noqa: F401
 from jax_transformer.train.hooks import Hooks, Run
+from jax_transformer.train.tiers import Tiers
 
 # Steps the host waits longer for than this run one at a time (see
 # InFlight), so that a stop signal waits for one step, not two.
@@ -69,68 +76,87 @@ def log_error(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """A run after every refusal that needs no data: the experiment (with
+  config.init_from's model fields), its workdir, its mesh, and the
+  pretrained model init_from names, opened (None: none)."""
+  exp: Experiment
+  workdir: WorkdirPaths
+  mesh: Mesh
+  source: Source | None
+
+
 def train_and_evaluate(cfg: Experiment | Any,
                        workdir: str | WorkdirPaths,
-                       hooks: Sequence[Any] = ()) -> dict[str, Any]:
+                       hooks: Sequence[Any] = (),
+                       explicit: Set[str] = frozenset()) -> dict[str, Any]:
   """Trains (resuming from workdir if it holds a checkpoint); returns the
   last logged metrics, with 'interrupted' (why: a signal's name, or what a
   hook set as run.stop) when the run stopped early after saving.
 
-  hooks: your own (see hooks.py), acting after the metrics rows and the
-  evaluation and before the finite check, stopping and saving at each
-  moment.
+  cfg: an Experiment, or a ConfigDict or mapping of its fields (this is
+  a door: it is converted here). hooks: your own (see hooks.py), acting
+  after the metrics rows and the evaluation and before the finite check,
+  stopping and saving at each moment. explicit: the config fields the
+  command line gave (``model.d_model``, ...), which config.init_from's
+  model may not contradict.
   """
-  # Everything that can be refused is, before any data is prepared (the
-  # same on every process: no agreement needed).
-  explicit = init_from.command_line_overrides(cfg)  # train.py's ConfigDict
-  cfg = run_plan.checked(cfg)
-  workdir = resolve(workdir)  # one value from here on: see runtime.workdir
-  # config.init_from's model fields
-  cfg = init_from.resolve_config(cfg, workdir, explicit)
-  # data.accept_changed_corpus left on only where the corpus changed.
-  cfg = check_resumable(cfg, workdir)
-  mesh = run_plan.mesh_for(cfg)
-  local_tier.check_paths(cfg.local_checkpoint_dir, workdir)
+  checked = check_run(doors.from_caller(cfg), resolve(workdir), explicit)
+  # Ends this process with one line if another one is lost (liveness.py).
+  watchdog = distributed.watch(os.fspath(checked.workdir.checkpoints))
+  with opened(checked) as (tiers, writer, stop):
+    run, compile_step = prepare_run(checked, tiers, writer, hooks, stop)
+    run_steps(run, compile_step)
+  if watchdog:  # not on an error: the others must see this process go
+    watchdog.stop()
+  return run.row if run.stop is None else {**run.row, 'interrupted': run.stop}
+
+
+@contextlib.contextmanager
+def opened(checked: Checked):
+  """(the checkpoint tiers, the metrics writer, the stop signal) of a run.
+  A stop signal stops it at once until its state is made
+  (preemption.StoppedBeforeFirstStep), then after a step and a save. On
+  every exit (finished, stopped, refused, failed) no save or thread of the
+  run outlives it; a start that failed before keeping anything leaves the
+  workdir as it found it (``remove_failed_start``)."""
+  workdir = checked.workdir
   # What the workdir held before this start (None: no such folder).
   before = storage.names(workdir.root)
-  # Ends this process with one line if another one is lost (liveness.py).
-  watchdog = distributed.watch(os.fspath(workdir.checkpoints))
   check_workdir(workdir.root, 0, 'workdir writable')
-  checkpointer = checkpoint.Checkpointer(workdir, keep=cfg.keep_checkpoints,
-                                         read_base=init_from.frozen_base)
-  local = None
   writer = metrics.MetricWriter(workdir, enabled=jax.process_index() == 0)
-  # From here a stop signal stops the run: at once until its state is made
-  # (preemption.StoppedBeforeFirstStep), then after a step and a save.
   stop = preemption.Preemption()
-  failed = True
+  tiers, failed = None, True
   try:
-    # Refuses a local directory that hosts share or that another run's
-    # steps are in (collectives).
-    local = local_tier.open_tier(cfg.local_checkpoint_dir,
-                                 cfg.local_checkpoint_every, mesh, workdir)
-    run, compile_step = _start(cfg, workdir, mesh, (checkpointer, local),
-                               writer, hooks, stop)
-    run_steps(run, compile_step)
+    tiers = Tiers.open(checked.exp, workdir, checked.mesh)
+    yield tiers, writer, stop
     failed = False
   finally:
-    # Every exit path (finished, stopped, refused, failed): no save or
-    # thread of this run outlives it.
     stop.restore()
-    checkpointer.close()
-    if local:
-      local.close()
+    if tiers:
+      tiers.close()
     writer.close()
     if failed:
       remove_failed_start(workdir, before)
-  if watchdog:  # not on an error: the others must see this process go
-    watchdog.stop()
-  if run.stop is not None:
-    return {**run.row, 'interrupted': run.stop}
-  return run.row
 
 
-def check_resumable(exp: Experiment | Any, workdir: str | WorkdirPaths
+def check_run(exp: Experiment, workdir: WorkdirPaths,
+              explicit: Set[str] = frozenset()) -> Checked:
+  """Everything that can be refused before any data is prepared (the same
+  on every process: no agreement needed): the fields, config.init_from's
+  model fields (``explicit``: those the command line gave), a workdir
+  holding another run, the mesh, the local tier's directory."""
+  exp = run_plan.checked(exp)
+  exp, source = init_from.resolve_model(exp, workdir, explicit)
+  # data.accept_changed_corpus left on only where the corpus changed.
+  exp = check_resumable(exp, workdir)
+  mesh = run_plan.mesh_for(exp)
+  local_tier.check_paths(exp.local_checkpoint_dir, workdir)
+  return Checked(exp, workdir, mesh, source)
+
+
+def check_resumable(exp: Experiment, workdir: str | WorkdirPaths
                     ) -> Experiment:
   """Refuses to resume a workdir trained with another model or data
   (``Experiment.changed_since``, paths compared absolute: an old
@@ -139,7 +165,6 @@ def check_resumable(exp: Experiment | Any, workdir: str | WorkdirPaths
   says to go on (then one line says the data iterator starts afresh).
   Returns exp with accept_changed_corpus True only where that applies,
   which ``data.train_iterator`` reads."""
-  exp = Experiment.of(exp)
   saved = checkpoint.load_config(workdir)
   changed = saved and exp.changed_since(saved)
   if changed:
@@ -163,66 +188,68 @@ def check_resumable(exp: Experiment | Any, workdir: str | WorkdirPaths
   return exp.replace(**{'data.accept_changed_corpus': bool(what)})
 
 
-def _start(cfg: Experiment, workdir: WorkdirPaths, mesh, tiers,
-           writer: metrics.MetricWriter, extra_hooks: Sequence[Any],
-           stop: preemption.Preemption):
-  """The run up to its first step: data prepared and measured, tokenizer
-  and side files in the workdir, the state restored or made (sharded), the
-  hooks; and compile_step(run, batch) -> the compiled train step. tiers:
-  (the workdir's Checkpointer, the local tier or None)."""
-  checkpointer, local = tiers
+def prepare_run(checked: Checked, tiers: Tiers,
+                writer: metrics.MetricWriter, extra_hooks: Sequence[Any],
+                stop: preemption.Preemption):
+  """The run up to its first step: data prepared and measured, the state's
+  origin chosen (origins.py), tokenizer and side files in the workdir, the
+  state restored or made (sharded), the hooks; returns (run,
+  compile_step(run, batch) -> the compiled train step)."""
+  exp, workdir = checked.exp, checked.workdir
   clock = goodput.Clock()  # start-up until the loop
   first = first_step.FirstStep()  # the line when the first step is done
   faults.reached('prepare', 0)
-  prepared = prepare_data(cfg)
-  resuming = (checkpointer.latest_step() is not None
-              or (local is not None and local.latest_step() is not None))
-  start = init_from.start(cfg, resuming)
+  prepared = prepare_data(exp)
+  origin = origins.choose(exp, tiers, checked.source)
   tokenizer = checkpoint.run_tokenizer(
-      workdir, start.tokenizer if start else prepared.tokenizer, resuming)
-  plan = run_plan.build(cfg, mesh, tokenizer.vocab_size)
-  setup, abstract_state = plan.setup, plan.abstract_state
-  log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
-                      plan.param_specs, mesh))
-  budget = memory.Budget.of(cfg.device_memory_gb)
-  log(memory.preflight(plan.estimate, budget))
+      workdir, origin.tokenizer(prepared.tokenizer), origin.resuming)
+  plan = run_plan.build(exp, checked.mesh, tokenizer.vocab_size)
+  budget = preflight(plan)
   # Before the side files: a refused run leaves no config.json that a
   # rerun with longer rows would have to match.
-  check_data(cfg, tokenizer)
+  check_data(exp, tokenizer)
   stop.check()
-  check_workdir(workdir.root, _state_bytes(abstract_state),
-                'workdir has space')
-  distributed.barrier('workdir read')  # nobody reads tokenizer/ while
-  if jax.process_index() == 0:         # process 0 writes it
-    checkpoint.save_side_files(workdir, cfg.saved_form(), cfg.data,
-                               tokenizer)
-
+  write_side_files(plan, workdir, tokenizer)
   with first.timed('data iterator'):
-    train_iter = data.train_iterator(cfg.train_batches, tokenizer)
-  if resuming:
-    with first.timed('restore'):
-      state, data_state, tier = local_tier.restore_newest(
-          checkpointer, local, plan.sharded_state, log_error)
-    with first.timed('data iterator'):
-      train_iter.set_state(data_state)
-    which = f' ({tier})' if local else ''  # only where there are two
-    log(f'Resumed from step {int(state["step"])} in {workdir}{which}.')
-  elif start:  # config.init_from: its parameters, a fresh optimizer
-    state = start.state(setup, cfg.seed, plan.shardings)
-    log(f'Started from {start.source.path} ({start.source.what}).')
-  else:
-    state = plan.fresh_state()
-  run = Run(cfg.num_steps, workdir, mesh, setup, tokenizer, writer, clock,
-            train_iter, state, step=int(jax.device_get(state['step'])))
-  eval_step = steps.traced_under(mesh, plan.eval_step())
-  run.hooks = Hooks(make_hooks(run, cfg, checkpointer, eval_step,
-                               [first, *extra_hooks], stop, local), clock)
+    train_iter = data.train_iterator(exp.train_batches, tokenizer)
+  state, line = origin.state(plan, train_iter, first.timed, log_error)
+  if line:
+    log(line)
+  run = Run(exp.num_steps, workdir, checked.mesh, plan.setup, tokenizer,
+            writer, clock, train_iter, state,
+            step=int(jax.device_get(state['step'])))
+  run.hooks = Hooks(make_hooks(run, exp, tiers, plan,
+                               [first, *extra_hooks], stop), clock)
   stop.check()
   stop.at_once = None  # the state is made: a signal now saves, then stops
   train_step = plan.train_step()
   return run, lambda run, batch: _compile(
       run, train_step, batch,
       lambda compiled: memory.after_compile(compiled, budget, plan.estimate))
+
+
+def preflight(plan: run_plan.RunPlan) -> memory.Budget:
+  """Prints the sharding report and the memory pre-flight (which refuses
+  a run that cannot fit); returns the device memory budget the compiled
+  step is checked against."""
+  setup = plan.setup
+  log(sharding.report(setup.abstract_params, setup.model_def.logical_axes,
+                      plan.param_specs, plan.mesh))
+  budget = memory.Budget.of(plan.exp.device_memory_gb)
+  log(memory.preflight(plan.estimate, budget))
+  return budget
+
+
+def write_side_files(plan: run_plan.RunPlan, workdir: WorkdirPaths,
+                     tokenizer) -> None:
+  """config.json, the tokenizer and the corpus record in the workdir
+  (process 0), after every process checked it has room for a checkpoint."""
+  check_workdir(workdir.root, _state_bytes(plan.abstract_state),
+                'workdir has space')
+  distributed.barrier('workdir read')  # nobody reads tokenizer/ while
+  if jax.process_index() == 0:         # process 0 writes it
+    checkpoint.save_side_files(workdir, plan.exp.saved_form(),
+                               plan.exp.data, tokenizer)
 
 
 def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
@@ -258,11 +285,9 @@ def remove_failed_start(workdir: WorkdirPaths, before: list[str] | None
                     '%s', workdir, err)
 
 
-def make_hooks(run: Run, cfg: Experiment,
-               checkpointer: checkpoint.Checkpointer,
-               eval_step, extra: Sequence[Any] = (),
-               stop: preemption.Preemption | None = None,
-               local: local_tier.LocalTier | None = None) -> list:
+def make_hooks(run: Run, cfg: Experiment, tiers: Tiers,
+               plan: run_plan.RunPlan, extra: Sequence[Any] = (),
+               stop: preemption.Preemption | None = None) -> list:
   """The run's hooks, in the order they act at each moment: the end of
   the first batch's wait first (a stop then waits for its step), rows
   (with the evaluation and time parts), the extra ones, the finite check,
@@ -270,6 +295,7 @@ def make_hooks(run: Run, cfg: Experiment,
   of them asks for is saved); the clock last, so that its rows and summary
   hold the others' time."""
   stop = stop or preemption.Preemption(at_once=None)
+  eval_step = steps.traced_under(run.mesh, plan.eval_step())
   # Ends this process if nothing progresses for config.step_timeout_s.
   watch = stall.StallWatch(cfg.step_timeout_s,
                            os.fspath(run.workdir.checkpoints))
@@ -283,11 +309,9 @@ def make_hooks(run: Run, cfg: Experiment,
           cfg.log_every, cfg.optim.grad_accum_steps),
       evaluating.Evaluation(cfg.evaluation, eval_step, stop, watch, evaluate),
       *extra,
-      finite.FiniteCheck(checkpointer,
-                         cfg.optim.max_skipped_updates),
+      finite.FiniteCheck(tiers.persistent, cfg.optim.max_skipped_updates),
       stop,
-      *([local_tier.LocalSaving(local)] if local else []),
-      checkpoint.Saving(checkpointer, cfg.checkpoint_every),
+      *tiers.saving_hooks(cfg.checkpoint_every),
       evaluating.Sample(cfg.evaluation, stop),
       watch,  # after the others: it watches their ends too
       goodput.TimeParts(run.clock),

@@ -330,7 +330,6 @@ def import_into(path: str, cfg: Experiment,
   field (:func:`import_hf`); ``explicit`` names the ``model.*`` fields
   given on the command line, refused where they differ.
   """
-  cfg = Experiment.of(cfg)
   target = new_workdir(workdir)
   folder = hf_checkpoint.hf_folder(path)
   if folder is not None and any(

@@ -20,7 +20,7 @@ from jax_transformer.data import corpus
 from jax_transformer.data.sources import spec_for
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
-from jax_transformer.experiment import Experiment, base_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.interop import hf_checkpoint
 from jax_transformer.model import sharding
 from jax_transformer.runtime.workdir import (
@@ -81,7 +81,7 @@ def open_workdir(location: str | WorkdirPaths) -> Workdir:
   record = corpus.read(paths.root)
   cfg = cfg.replace(data=corpus.for_inference(cfg.data, record))
   tokenizer = _tokenizer(paths)
-  setup = model_setup.build(cfg, tokenizer.vocab_size)
+  setup = model_setup.build_model(cfg, tokenizer.vocab_size)
   checkpointer = checkpoint.Checkpointer(paths, async_save=False)
   try:
     steps = tuple(sorted(checkpointer.manager.all_steps()))
@@ -301,12 +301,12 @@ def load_hf_folder(folder: str, given: str, step: int | None = None,
     raise UsageError(f'{given} is a Hugging Face folder: it has one set of '
                      f'weights, not steps; drop --step {step}.')
   source = hf_checkpoint.hf_source(folder, given)
-  cfg = init_from.apply_fields(Experiment.of(base_config()), given,
+  cfg = init_from.apply_fields(Experiment(), given,
                                source.model_kind, source.fields, set())
   cfg = cfg.replace(init_from=given)
   tokenizer = source.tokenizer()
   try:
-    setup = model_setup.build(cfg, tokenizer.vocab_size)
+    setup = model_setup.build_model(cfg, tokenizer.vocab_size)
   except ValueError as e:  # a field out of range, said in one sentence
     raise UsageError(str(e)) from None
   devices = list(jax.local_devices() if devices is None else devices)

@@ -13,6 +13,7 @@ import pytest
 from jax_transformer import cli
 from jax_transformer.compile import report
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.train import model_setup, steps
 
@@ -44,13 +45,13 @@ def test_the_compilers_refusal_is_a_figure_with_or_without_one():
 
 def test_the_decode_turns_the_compilers_refusal_into_a_figure(monkeypatch):
   cfg = cli.load_config('lm_shakespeare:tiny')
-  setup = model_setup.build(cfg, 64)
+  setup = model_setup.build(Experiment.of(cfg), 64)
   mesh = sharding.make_mesh(cfg.mesh)
   shardings, _ = steps.state_shardings(setup, mesh,
                                        setup.abstract_state(cfg.seed))
   monkeypatch.setattr(jax.stages.Lowered, 'compile',
                       lambda self: Refused(OVER_HBM).compile())
-  decode = report.compile_decode(cfg, setup, mesh, shardings['params'],
+  decode = report.compile_decode(Experiment.of(cfg), setup, mesh, shardings['params'],
                                  'cpu')
   assert decode.compiled is None
   assert decode.per_chip_bytes == int(154.18 * 2 ** 30)

@@ -7,11 +7,12 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.compile import lowering, prove
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import memory
 
 
 def proved(cfg) -> prove.Proof:
-  return prove.prove(lowering.lower_here(cfg, vocab_size=256))
+  return prove.prove(lowering.lower_here(Experiment.of(cfg), vocab_size=256))
 
 
 def small(layers, scan, remat='dots'):
@@ -64,12 +65,13 @@ def test_an_instruction_run_is_lowered_with_its_loss_mask(tmp_path):
   from jax_transformer.model import sharding
   cfg = small(2, True)
   mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:8])
-  assert 'loss_mask' not in lowering.abstract_batch(cfg, mesh)
+  assert 'loss_mask' not in lowering.abstract_batch(Experiment.of(cfg), mesh)
   data = tmp_path / 'chat.jsonl'
   data.write_text('{"prompt": "Hi", "completion": " there"}\n')
   cfg.data.update(name='files', direction='prompt-completion',
                   train_files=str(data))
-  batch = lowering.abstract_batch(cfg, mesh)
+  batch = lowering.abstract_batch(Experiment.of(cfg), mesh)
   assert batch['loss_mask'].shape == (8, 64)
-  run = lowering.lower_train(cfg, jax.devices()[:8], 'cpu', vocab_size=256)
+  run = lowering.lower_train(Experiment.of(cfg), jax.devices()[:8], 'cpu',
+                             vocab_size=256)
   assert 'loss_mask' in run.batch

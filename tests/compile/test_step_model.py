@@ -10,6 +10,7 @@ import pytest
 
 from jax_transformer import cli
 from jax_transformer.compile import hlo_stats, lowering, report, step_model
+from jax_transformer.experiment import Experiment
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 from jax_transformer.runtime import targets
@@ -112,7 +113,7 @@ def test_the_target_report_and_the_planner_give_one_step_time():
   rates = step_model.Rates.of_target(targets.target('v5e-8'))
   where = search.Where('v5e rates', tuple(jax.devices()), 'cpu', rates)
   layout = cands.Candidate(4, 2, 1, 'none', 'float32', 0, 8, 2)
-  sized = search.Sizer(cfg, where, 64)(layout)
+  sized = search.Sizer(Experiment.of(cfg), where, 64)(layout)
   run = lowering.lower_train(sized.cfg, list(where.devices), 'cpu', 64,
                              sized.setup)
   step = report.compile_lowered(run.lowered, run.lower_s)

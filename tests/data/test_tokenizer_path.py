@@ -16,6 +16,7 @@ from jax_transformer import data
 from jax_transformer.data import token_store
 from jax_transformer.data import tokenizers as tok
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import recipes, run_plan
 
 DOCS = [f'Document {i}: the quick brown fox {"jumps " * (i % 7)}over it.'
@@ -146,7 +147,7 @@ def test_conflicting_tokenizer_fields_are_refused_before_preparing(
     corpus, spm_path, tmp_path):
   cfg = recipes.base_config()
   cfg.data.update(cfg_for(corpus, tmp_path, tokenizer_path=spm_path))
-  run_plan.checked(cfg)  # fine as it is
+  run_plan.checked(Experiment.of(cfg))  # fine as it is
   size = spm.SentencePieceProcessor(model_file=spm_path).get_piece_size()
   for fields, message in (
       ({'tokenizer': 'byte'}, r"config.data.tokenizer='byte' trains a "
@@ -159,11 +160,11 @@ def test_conflicting_tokenizer_fields_are_refused_before_preparing(
     bad = ml_collections.ConfigDict(cfg.to_dict())
     bad.data.update(fields)
     with pytest.raises(UsageError, match=message):
-      run_plan.checked(bad)
+      run_plan.checked(Experiment.of(bad))
   assert not os.path.exists(tmp_path / 'tfds')  # nothing prepared
   # The same kind and size, or unset on the command line ('' and 0): fine.
   for fields in ({'tokenizer': 'sentencepiece', 'vocab_size': size},
                  {'tokenizer': '', 'vocab_size': 0}):
     ok = ml_collections.ConfigDict(cfg.to_dict())
     ok.data.update(fields)
-    run_plan.checked(ok)
+    run_plan.checked(Experiment.of(ok))

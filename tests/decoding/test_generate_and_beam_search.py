@@ -507,7 +507,7 @@ def bad_calls():
                                  "length 17, longer than the model's "
                                  'max_len=16'),
       'no new tokens': (lambda: generate(lm, [[1]], max_new_tokens=0),
-                        'max_new_tokens must be a positive integer'),
+                        'max_new_tokens must be an integer >= 1'),
       'no source': (lambda: generate(ed, max_new_tokens=2), 'needs src_ids'),
       'empty source': (lambda: generate(ed, src_ids=[[0, 0]],
                                         max_new_tokens=2), 'no real tokens'),

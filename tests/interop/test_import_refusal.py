@@ -15,6 +15,7 @@ import repo
 from hf_models import save
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import checkpoint
 from jax_transformer.workdirs import importer
 
@@ -94,7 +95,7 @@ def test_a_failed_write_leaves_the_workdir_as_it_was(tmp_path, monkeypatch,
   empty.mkdir()
   for work in (tmp_path / 'new' / 'W', empty):
     with pytest.raises(OSError, match='No space left'):
-      importer.import_into(folder, cfg.copy_and_resolve_references(),
+      importer.import_into(folder, Experiment.of(cfg.copy_and_resolve_references()),
                            str(work))
   assert sorted(os.listdir(tmp_path)) == ['empty']
   assert os.listdir(empty) == []
@@ -102,5 +103,5 @@ def test_a_failed_write_leaves_the_workdir_as_it_was(tmp_path, monkeypatch,
   # A workdir that holds anything is refused before any work, untouched.
   (empty / 'notes.txt').write_text('mine')
   with pytest.raises(Exception, match='is not empty'):
-    importer.import_into(folder, cfg, str(empty))
+    importer.import_into(folder, Experiment.of(cfg), str(empty))
   assert os.listdir(empty) == ['notes.txt']

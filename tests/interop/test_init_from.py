@@ -13,6 +13,7 @@ import repo
 from hf_models import VOCAB, random_ids, save, torch_logits
 
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import init_from, trainer
 from jax_transformer.workdirs import exporter as export_lib
 from jax_transformer.workdirs import restore
@@ -22,6 +23,11 @@ GPT2 = os.path.join(repo.ROOT, 'configs/gpt2_small.py:shakespeare')
 # float32 on both sides, logits up to ~3: rotary angles at theta 5e5 round
 # differently in the two frameworks (measured up to 1.2e-5 here).
 TOLERANCE = 2e-5
+
+
+def resolved(cfg, explicit):
+  """cfg with config.init_from's model fields (the trainer's check)."""
+  return init_from.resolve_model(Experiment.of(cfg), explicit=explicit)[0]
 
 
 def load_script(name):
@@ -45,7 +51,7 @@ def test_model_fields_come_from_the_checkpoint(llama_dir):
   folder, _ = llama_dir
   cfg = IMPORT.load_config(GPT2, [f'--config.init_from={folder}',
                                   '--config.model.dropout_rate=0.0'])
-  cfg = init_from.resolve_config(cfg, explicit={'init_from',
+  cfg = resolved(cfg, explicit={'init_from',
                                                  'model.dropout_rate'})
   m = cfg.model
   assert (m.d_model, m.num_heads, m.num_kv_heads, m.num_decoder_layers,
@@ -61,16 +67,16 @@ def test_a_conflicting_override_is_refused_in_one_sentence(llama_dir):
   cfg = IMPORT.load_config(LM, [f'--config.init_from={folder}',
                                 '--config.model.d_model=64'])
   with pytest.raises(UsageError) as e:
-    init_from.resolve_config(cfg, explicit={'model.d_model'})
+    resolved(cfg, explicit={'model.d_model'})
   message = str(e.value)
   assert 'd_model=32' in message and '--config.model.d_model' in message
   assert '\n' not in message
   # The same value given explicitly is no conflict.
   cfg = IMPORT.load_config(LM, [f'--config.init_from={folder}',
                                 '--config.model.d_model=32'])
-  init_from.resolve_config(cfg, explicit={'model.d_model'})
+  resolved(cfg, explicit={'model.d_model'})
   with pytest.raises(UsageError, match='neither a Hugging Face model'):
-    init_from.resolve_config(IMPORT.load_config(
+    resolved(IMPORT.load_config(
         LM, ['--config.init_from=/nonexistent/folder']), explicit=set())
 
 

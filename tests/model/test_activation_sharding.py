@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.train import model_setup, steps
 
@@ -24,7 +25,7 @@ def _setup(mesh_sizes, **model):
   cfg.model.update(d_model=D, num_heads=4, num_kv_heads=2, d_ff=F,
                    dropout_rate=0.0, **model)
   cfg.mesh.update(mesh_sizes)
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, None if mesh_sizes['data'] != 1 or
                             mesh_sizes['tensor'] != 1 else jax.devices()[:1])
   shardings, _ = steps.state_shardings(setup, mesh,

@@ -16,6 +16,7 @@ import pytest
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 
 
@@ -148,6 +149,6 @@ def test_two_tpu_slices_and_their_compile_build_one_mesh(monkeypatch):
   # Within a slice, fsdp runs over the 2x2 chips' torus, as on the slice.
   assert {tuple(d.coords) for d in mesh.devices[0].flat} == {
       (0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)}
-  run = lowering.lower_train(cfg, devices, 'tpu')
+  run = lowering.lower_train(Experiment.of(cfg), devices, 'tpu')
   assert (run.mesh.devices == mesh.devices).all()
   assert run.mesh.axis_names == mesh.axis_names

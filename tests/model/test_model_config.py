@@ -11,7 +11,7 @@ from jax_transformer.model.blocks import EncoderLayer
     (dict(activation='tanh'), "activation='tanh' is not one of"),
     (dict(positional='alibi'), "positional='alibi'"),
     (dict(dropout_rate=1.0), 'dropout_rate must be in [0, 1)'),
-    (dict(vocab_size=0), 'vocab_size must be a positive integer'),
+    (dict(vocab_size=0), 'vocab_size must be an integer >= 1'),
     (dict(dtype='int8'), "dtype='int8' is not one of"),
     (dict(num_encoder_layers=-1), 'num_encoder_layers must be'),
     (dict(attention_implementation='cudnn'), "needs dtype 'bfloat16'"),

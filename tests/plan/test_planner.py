@@ -8,14 +8,14 @@ import pytest
 from jax_transformer import cli
 from jax_transformer.compile import step_model
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment, doors
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import search
 
 
-def tiny_lm():
-  cfg = cli.load_config('lm_shakespeare:tiny')
-  cfg.model.update(num_heads=4, num_decoder_layers=2)
-  return cfg
+def tiny_lm() -> Experiment:
+  return doors.load('lm_shakespeare:tiny').replace(
+      **{'model.num_heads': 4, 'model.num_decoder_layers': 2})
 
 
 def test_every_candidate_makes_the_global_batch_from_whole_shards():
@@ -56,21 +56,20 @@ def test_a_candidate_as_flags_gives_back_its_config():
   assert (cfg.model.remat, cfg.model.param_dtype, cfg.loss_chunk_size,
           cfg.batch_size, cfg.optim.grad_accum_steps) == (
               'full', 'bfloat16', 8192, 16, 2)
-  base = cli.load_config('lm_shakespeare:tiny')
-  assert c.apply(base).to_dict() == cfg.to_dict()
+  base = doors.load('lm_shakespeare:tiny')
+  assert c.apply(base) == doors.from_command_line(cfg)
 
 
 def test_the_shipped_layout_resolves_the_free_mesh_axis():
-  cfg = cli.load_config('lm_1_3b')
-  own = cands.shipped(cfg, 64, 1024)
+  own = cands.shipped(doors.load('lm_1_3b'), 64, 1024)
   assert (own.data, own.fsdp, own.tensor) == (1, 64, 1)
   assert (own.remat, own.loss_chunk_size, own.batch_size,
           own.grad_accum_steps) == ('dots', 262144, 1024, 1)
 
 
 def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
-  cfg = tiny_lm()
-  cfg.mesh.update(data=-1, fsdp=1, tensor=1)
+  cfg = tiny_lm().replace(**{'mesh.data': -1, 'mesh.fsdp': 1,
+                             'mesh.tensor': 1})
   rates = step_model.Rates('host', 1e11, 1e10, 1e9, 10 ** 9, overlap=False)
   where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
   layouts = [cands.Candidate(2, 1, 4, 'full', 'float32', 0, 16, 1)]
@@ -97,15 +96,15 @@ def test_a_batch_no_layout_can_split_is_one_sentence():
   rates = step_model.Rates('host', 1e11, 1e10, 1e9, None, overlap=False)
   where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
   with pytest.raises(UsageError, match='cannot be split over 8 chips'):
-    search.plan(tiny_lm(), 'tiny', where, 3, cache_dir=None, vocab_size=64,
+    search.plan(tiny_lm(), 'tiny', where, 3, cache_dir=None,
+                vocab_size=64,
                 log=lambda _: None)
 
 
 def test_a_setup_with_another_accumulation_has_the_same_state_shapes():
   from jax_transformer.train import model_setup
   cfg = tiny_lm()
-  accumulating = cfg.copy_and_resolve_references()
-  accumulating.optim.grad_accum_steps = 4
+  accumulating = cfg.replace(**{'optim.grad_accum_steps': 4})
   built = model_setup.build(accumulating, 64)
   derived = model_setup.with_optimizer(model_setup.build(cfg, 64),
                                       accumulating)
@@ -126,8 +125,8 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
     return {'per_chip_bytes': 3 * s.estimate_bytes, 'compile_s': 1.0,
             'status': 'compiled', 'fingerprint': s.candidate.describe()}
   monkeypatch.setattr(search, 'compile_candidate', compile_at_three_times)
-  cfg = tiny_lm()
-  cfg.mesh.update(data=-1, fsdp=1, tensor=1)
+  cfg = tiny_lm().replace(**{'mesh.data': -1, 'mesh.fsdp': 1,
+                             'mesh.tensor': 1})
   layouts = [cands.Candidate(d, 8 // d, 1, 'none', 'float32', 0, 16, 1)
              for d in (1, 2, 4)]
   sizer = search.Sizer(cfg, search.Where(
@@ -137,7 +136,8 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
                  for c in layouts + [cands.shipped(cfg, 8, 16)])
   rates = step_model.Rates('x', 1e11, 1e10, 1e9, 2 * smallest)
   where = search.Where('here', tuple(jax.devices()), 'cpu', rates)
-  rows = search.plan(cfg, 'tiny', where, 16, cache_dir=None, vocab_size=64,
+  rows = search.plan(cfg, 'tiny', where, 16, cache_dir=None,
+                     vocab_size=64,
                      only=layouts, log=lambda _: None)
   shipped = next(r for r in rows if r['shipped'])
   assert shipped['status'] == 'compiled' and not shipped['fits']
@@ -149,11 +149,10 @@ def test_compiles_recalibrate_the_estimate_and_prune_what_cannot_fit(
 def test_the_guess_counts_the_heads_reads_of_each_loss_chunk():
   """A chunk of a few rows a chip still reads the whole head: the guess
   puts 1024 rows a shard before 8192 rows on 256 chips."""
-  from jax_transformer import cli
   from jax_transformer.plan import candidates as cands
   from jax_transformer.plan import search
   from jax_transformer.train import model_setup
-  cfg = cli.load_config('lm_350m')
+  cfg = doors.load('lm_350m')
   mc = model_setup.build(cfg, 32768).model_config
   small, per_shard = (cands.Candidate(1, 256, 1, 'dots', 'float32', chunk,
                                       1024, 1) for chunk in (8192, 262144))

@@ -17,6 +17,7 @@ import pytest
 
 from jax_transformer.bench import plan as plan_suite
 from jax_transformer.compile import step_model
+from jax_transformer.experiment import Experiment
 from jax_transformer.plan import candidates as cands
 from jax_transformer.plan import measure, search
 from jax_transformer.runtime import targets
@@ -33,7 +34,7 @@ def _planned(layouts: list[cands.Candidate]) -> dict[str, dict]:
   assert rates.overlap  # an accelerator's: the parts overlap, in part
   where = search.Where('v5e rates', tuple(jax.devices()), 'cpu', rates)
   base = layouts[0].apply(measure.host_check_config('tiny'))
-  rows = search.plan(base, 'rank check', where,
+  rows = search.plan(Experiment.of(base), 'rank check', where,
                      layouts[0].batch_size * layouts[0].grad_accum_steps,
                      budget_s=float('inf'), cache_dir=None, vocab_size=512,
                      only=layouts, log=lambda _: None)

@@ -175,4 +175,4 @@ def test_an_old_workdir_with_relative_paths_still_resumes(tmp_path,
   assert not trainer.check_resumable(exp, 'old').data.accept_changed_corpus
   moved = exp.replace(**{'data.train_files': 'elsewhere/*.txt'})
   with pytest.raises(Exception, match='data \\(train_files\\)'):
-    trainer.check_resumable(moved, 'old')
+    trainer.check_resumable(Experiment.of(moved), 'old')

@@ -61,7 +61,7 @@ def good_workdir(tmp_path_factory):
   cfg = load_config('lm_shakespeare:tiny')
   cfg.data.data_dir = str(tmp_path_factory.mktemp('unprepared'))
   tokenizer = data.ByteTokenizer()
-  setup = model_setup.build(cfg, tokenizer.vocab_size)
+  setup = model_setup.build(Experiment.of(cfg), tokenizer.vocab_size)
   saved = Experiment.of(cfg)
   checkpoint.save_side_files(path, saved.saved_form(), saved.data,
                              tokenizer)

@@ -97,7 +97,7 @@ def test_replace_reaches_into_parts_and_copies():
 
 
 @pytest.mark.parametrize('changes, message', [
-    ({'num_steps': 0}, 'config.num_steps must be a positive integer'),
+    ({'num_steps': 0}, 'config.num_steps must be an integer >= 1'),
     ({'optim.schedule': 'linear'}, 'config.optim.schedule must be one of'),
     ({'optim.grad_accum_steps': 0}, 'config.optim.grad_accum_steps must be'),
     ({'lora.rank': 4}, 'config.lora.rank=4 trains adapters on a frozen'),

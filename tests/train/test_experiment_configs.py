@@ -14,6 +14,7 @@ import repo
 from jax_transformer import cli
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.train import model_setup, recipes
 
@@ -45,7 +46,7 @@ def test_config_builds_model_and_optimizer(name, preset):
     for field, value in SHALLOW_BUILD[name].items():
       assert cfg.model[field] == value, field
     cfg.model.num_decoder_layers = 2
-  setup = model_setup.build(cfg, 8000)
+  setup = model_setup.build(Experiment.of(cfg), 8000)
   assert setup.model_config.vocab_size % cfg.vocab_multiple == 0
   assert cfg.batch_size % 8 == 0
 
@@ -108,7 +109,7 @@ def test_a_bad_recipe_value_fails_when_the_config_loads():
 
 def test_wmt_base_is_the_paper():
   cfg = load_config('wmt_base')
-  setup = model_setup.build(cfg, 37000)
+  setup = model_setup.build(Experiment.of(cfg), 37000)
   assert sum(x.size for x in setup.abstract_params.values()) == 63_084_544
   assert cfg.data.direction == 'en-de'
   assert (cfg.optim.warmup_steps, cfg.optim.label_smoothing) == (4000, 0.1)
@@ -124,4 +125,4 @@ def test_unknown_preset_and_field_are_refused():
   cfg.model.unlock()
   cfg.model.n_layers = 3
   with pytest.raises(ValueError, match="config.model has no field 'n_layers'"):
-    model_setup.build(cfg, 300)
+    model_setup.build(Experiment.of(cfg), 300)

@@ -9,6 +9,7 @@ import pytest
 
 from jax_transformer.cli import load_config
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import perf, trainer
 
 
@@ -40,4 +41,4 @@ def test_a_refused_first_start_leaves_the_workdir_as_it_was(
   assert os.listdir(held) == ['notes.txt']
   # A rerun with another model is a new run, not a mismatch.
   cfg.model.d_model = 48
-  trainer.check_resumable(cfg, str(held))
+  trainer.check_resumable(Experiment.of(cfg), str(held))

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.train import checkpoint, model_setup, optim, steps
 
@@ -43,7 +44,7 @@ def tiny_cfg(accum, optimizer):
 
 def train(cfg, batches):
   """The params after one jitted train step per batch, from seed 0."""
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx))
   state = setup.init_state(cfg.seed)
   for batch in batches:
@@ -63,7 +64,7 @@ def test_accumulated_updates_equal_steps_on_concatenated_batches(optimizer):
   accumulated = train(tiny_cfg(2, optimizer), micro)
   one_step = train(tiny_cfg(1, optimizer),
                    [concat(*micro[:2]), concat(*micro[2:])])
-  start = model_setup.build(tiny_cfg(1, optimizer), VOCAB).init_state(0)
+  start = model_setup.build(Experiment.of(tiny_cfg(1, optimizer)), VOCAB).init_state(0)
   for name, want in one_step['params'].items():
     got = accumulated['params'][name]
     assert not np.array_equal(want, start['params'][name]), name
@@ -77,7 +78,7 @@ def test_without_accumulation_the_step_is_todays():
   cfg = tiny_cfg(1, 'adamw')
   cfg.optim.update(eps=1e-9, clip_norm=0.5, schedule='warmup_cosine',
                    warmup_steps=2)
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   o = cfg.optim
   reference_tx = optax.chain(
       optax.clip_by_global_norm(o.clip_norm),
@@ -129,7 +130,7 @@ def test_the_run_ends_at_the_schedules_end_value():
 def test_accumulator_is_sharded_like_params_and_checkpointed(tmp_path):
   cfg = tiny_cfg(2, 'adamw')
   cfg.mesh.update(data=2, fsdp=2, tensor=2)
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   mesh = sharding.make_mesh(cfg.mesh)
   abstract = setup.abstract_state(cfg.seed)
   shardings, param_specs = steps.state_shardings(setup, mesh, abstract)
@@ -160,7 +161,7 @@ def test_a_checkpoint_of_the_multisteps_state_is_refused_in_one_sentence(
   """A checkpoint written before per-token accumulation (optax.MultiSteps
   around clipping and Adam) does not restore, and one sentence says why."""
   cfg = tiny_cfg(2, 'adam')
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   state = setup.init_state(cfg.seed)
   o = cfg.optim
   old_tx = optax.MultiSteps(optax.chain(

@@ -79,7 +79,7 @@ def resumed_step(out):
     ({'local_checkpoint_dir': '/x', 'local_checkpoint_every': 7},
      'does not divide config.checkpoint_every=200'),
     ({'local_checkpoint_dir': '/x', 'local_checkpoint_every': 0},
-     'must be a positive integer'),
+     'must be an integer >= 1'),
 ])
 def test_local_tier_fields_are_refused_in_one_sentence(fields, words):
   with pytest.raises(UsageError, match=words):

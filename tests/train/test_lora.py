@@ -58,7 +58,7 @@ def logits(model, b):
 
 @pytest.mark.parametrize('scan', [False, True])
 def test_forward_equals_the_base_model_with_merged_weights(scan):
-  setup = model_setup.build(tiny_config(scan_layers=scan), 100)
+  setup = model_setup.build(Experiment.of(tiny_config(scan_layers=scan)), 100)
   params = jax.jit(lambda: setup.init_state(0))()['params']
   params.update(random_adapters(setup))
   lora_def = setup.model_def
@@ -75,7 +75,7 @@ def test_forward_equals_the_base_model_with_merged_weights(scan):
     b = b.reshape(*t.stack, b.shape[n_stack], -1)
     base[t.kernel] = base[t.kernel] + scale * (a @ b).reshape(
         base[t.kernel].shape)
-  plain = model_setup.build(tiny_config(rank=0, scan_layers=scan), 100)
+  plain = model_setup.build(Experiment.of(tiny_config(rank=0, scan_layers=scan)), 100)
   assert set(base) == set(plain.abstract_params)
   merged = plain.model_def.merge(
       {k: jnp.asarray(v, jnp.float32) for k, v in base.items()})
@@ -90,7 +90,7 @@ def test_forward_equals_the_base_model_with_merged_weights(scan):
 
 def test_delta_is_flax_nnx_lora():
   """One kernel's merged weight gives nnx.LoRA's x W + (x A) B s."""
-  setup = model_setup.build(tiny_config(targets='wi'), 100)
+  setup = model_setup.build(Experiment.of(tiny_config(targets='wi')), 100)
   (target,) = [t for t in setup.model_def.targets
                if t.kernel == 'layers.0.ff.wi']
   d, f = target.in_shape[0], target.out_shape[0]
@@ -110,7 +110,7 @@ def test_delta_is_flax_nnx_lora():
 
 def test_step_zero_is_the_base_model_and_only_adapters_train():
   cfg = tiny_config(targets='query,value')
-  setup = model_setup.build(cfg, 100)
+  setup = model_setup.build(Experiment.of(cfg), 100)
   state = jax.jit(lambda: setup.init_state(0))()
   params = state['params']
   adapters = {k for k in params if lora.is_adapter(k)}
@@ -119,7 +119,7 @@ def test_step_zero_is_the_base_model_and_only_adapters_train():
   # B starts at zero: the model is the base model, exactly.
   assert all(not np.any(np.asarray(params[k])) for k in adapters
              if k.endswith('.lora_b'))
-  plain = model_setup.build(tiny_config(rank=0), 100)
+  plain = model_setup.build(Experiment.of(tiny_config(rank=0)), 100)
   base = {k: v for k, v in params.items() if k not in adapters}
   b = batch(100)
   np.testing.assert_array_equal(logits(setup.model_def.merge(params), b),
@@ -144,7 +144,7 @@ def test_step_zero_is_the_base_model_and_only_adapters_train():
 
 
 def test_adapters_have_logical_axes_that_shard():
-  setup = model_setup.build(tiny_config(scan_layers=True), 100)
+  setup = model_setup.build(Experiment.of(tiny_config(scan_layers=True)), 100)
   axes = setup.model_def.logical_axes
   assert axes['layers.self_attn.query.lora_a'] == ('layers', 'embed',
                                                    'lora_rank')
@@ -156,7 +156,7 @@ def test_adapters_have_logical_axes_that_shard():
   specs = sharding.param_specs(axes)
   assert tuple(specs['layers.self_attn.query.lora_a']) == (None, 'fsdp', None)
   # Both layouts name the same adapters.
-  unrolled = model_setup.build(tiny_config(scan_layers=False), 100)
+  unrolled = model_setup.build(Experiment.of(tiny_config(scan_layers=False)), 100)
   assert set(params_lib.scanned(unrolled.abstract_params)) == set(
       setup.abstract_params)
 
@@ -169,7 +169,7 @@ def test_adapters_have_logical_axes_that_shard():
 ])
 def test_bad_targets_are_refused_in_one_sentence(targets, match):
   with pytest.raises(UsageError, match=match) as e:
-    model_setup.build(tiny_config(targets=targets), 100)
+    model_setup.build(Experiment.of(tiny_config(targets=targets)), 100)
   assert '\n' not in str(e.value)
 
 

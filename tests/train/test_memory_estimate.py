@@ -33,7 +33,7 @@ def lm_cfg(**mesh):
 
 def planned(cfg, devices=None):
   """(setup, mesh, abstract state, shardings) as the trainer plans them."""
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
   shardings, _ = steps.state_shardings(setup, mesh, abstract)

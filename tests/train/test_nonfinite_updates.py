@@ -13,8 +13,10 @@ from test_grad_accumulation import VOCAB, T
 from test_grad_accumulation import lm_batch as batch_of
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.train import (
   checkpoint,
+  finite,
   metrics,
   model_setup,
   optim,
@@ -32,7 +34,7 @@ def tiny_setup(max_skipped, accum=1):
   cfg.model.dropout_rate = 0.0
   cfg.optim.update(max_skipped_updates=max_skipped, grad_accum_steps=accum,
                    warmup_steps=0, schedule='constant')
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   step = jax.jit(steps.make_train_step(setup.model_def, setup.tx))
   return setup, step, setup.init_state(cfg.seed)
 
@@ -126,22 +128,22 @@ class FakeCheckpointer:
 def test_check_finite_stops_after_max_skipped_in_a_row():
   row = {'loss': np.nan, 'grad_norm': np.nan, 'consecutive_skips': 2,
          'skipped_updates': 5}
-  trainer.check_finite(row, 7, FakeCheckpointer(), max_skipped=3)
+  finite.check_finite(row, 7, FakeCheckpointer(), max_skipped=3)
   with pytest.raises(FloatingPointError, match=(
       r'^The 3 steps up to step 8 all had a non-finite loss or gradient norm '
       r'and were skipped \(optim.max_skipped_updates=3; 6 skipped since '
       r'step 0\); training stopped without saving it \(the last checkpoint '
       r'is step 4\)')):
-    trainer.check_finite(dict(row, consecutive_skips=3, skipped_updates=6),
+    finite.check_finite(dict(row, consecutive_skips=3, skipped_updates=6),
                          8, FakeCheckpointer(), max_skipped=3)
 
 
 def test_check_finite_without_skipping_stops_at_the_first():
-  finite = {'loss': 1.0, 'grad_norm': 2.0, 'consecutive_skips': 0,
-            'skipped_updates': 0}
-  trainer.check_finite(finite, 4, FakeCheckpointer())
+  ok = {'loss': 1.0, 'grad_norm': 2.0, 'consecutive_skips': 0,
+        'skipped_updates': 0}
+  finite.check_finite(ok, 4, FakeCheckpointer())
   with pytest.raises(FloatingPointError, match=r'^Step 5 gave a non-finite'):
-    trainer.check_finite(dict(finite, loss=np.nan), 5, FakeCheckpointer())
+    finite.check_finite(dict(ok, loss=np.nan), 5, FakeCheckpointer())
 
 
 @pytest.mark.parametrize('value', [-1, 1.5, True, '3', None])

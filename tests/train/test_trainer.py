@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
+from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.train import model_setup, steps, trainer
 
@@ -32,7 +33,7 @@ def tiny_cfg(**mesh):
 
 
 def run_steps(cfg, batch, n=3, devices=None):
-  setup = model_setup.build(cfg, VOCAB)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
   mesh = sharding.make_mesh(cfg.mesh, devices)
   abstract = setup.abstract_state(cfg.seed)
   shardings, _ = steps.state_shardings(setup, mesh, abstract)
@@ -133,7 +134,7 @@ def test_non_positive_run_fields_refused_before_data(field, tmp_path,
   monkeypatch.setattr(trainer, 'prepare_data', forbidden_prepare)
   with pytest.raises(ValueError) as err:
     trainer.train_and_evaluate(cfg, str(tmp_path))
-  assert str(err.value) == (f'config.{field} must be a positive integer, '
+  assert str(err.value) == (f'config.{field} must be an integer >= 1, '
                             'got 0.')
   assert not os.listdir(tmp_path)
 
@@ -158,10 +159,10 @@ def test_resume_allows_runtime_fields_and_refuses_state_fields(tmp_path):
     f.write(saved.to_json())
   cfg = tiny_cfg()
   cfg.model.update(dtype='bfloat16', dropout_rate=0.3, dropout_rng='threefry')
-  trainer.check_resumable(cfg, str(tmp_path))  # compute only: resumable
+  trainer.check_resumable(Experiment.of(cfg), str(tmp_path))  # compute only: resumable
   cfg.model.d_ff = 128
   with pytest.raises(ValueError, match=r'different config.model \(d_ff\)'):
-    trainer.check_resumable(cfg, str(tmp_path))
+    trainer.check_resumable(Experiment.of(cfg), str(tmp_path))
 
 
 @pytest.mark.slow

@@ -178,11 +178,11 @@ def test_resume_allows_another_data_dir_but_not_another_model(tmp_path):
   moved = _tiny(tmp_path)
   moved.data.data_dir = str(tmp_path / 'elsewhere')
   moved.model.dropout_rate = 0.3
-  trainer.check_resumable(moved, str(tmp_path))
+  trainer.check_resumable(Experiment.of(moved), str(tmp_path))
   wider = _tiny(tmp_path)
   wider.model.d_ff = 128
   with pytest.raises(UsageError, match=r'different config.model \(d_ff\)'):
-    trainer.check_resumable(wider, str(tmp_path))
+    trainer.check_resumable(Experiment.of(wider), str(tmp_path))
 
 
 # ----------------------------------------------------------------------------
@@ -373,7 +373,7 @@ def test_a_workdir_saved_before_new_data_fields_still_resumes(tmp_path):
   for name in ('mixture', 'text_key', 'train_files'):
     saved['data'].pop(name, None)
   (tmp_path / 'config.json').write_text(json.dumps(saved))
-  trainer.check_resumable(cfg, str(tmp_path))
+  trainer.check_resumable(Experiment.of(cfg), str(tmp_path))
   cfg.data.name = 'tiny_shakespeare'
   with pytest.raises(UsageError, match=r'different config\.data \(name\)'):
-    trainer.check_resumable(cfg, str(tmp_path))
+    trainer.check_resumable(Experiment.of(cfg), str(tmp_path))
