@@ -7,6 +7,8 @@ does not import JAX and Flax: train.py answers a bad flag or ``--help`` at
 once.
 """
 
+from jax_transformer import started  # first: its import is the start  # noqa: F401, I001
+
 import importlib
 import importlib.abc
 import sys

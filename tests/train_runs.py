@@ -9,17 +9,27 @@ import repo
 import xla_flags
 
 
+def train_env(devices=8, **more):
+  """The environment train() runs train.py in; more: other variables."""
+  return dict(os.environ, JAX_PLATFORMS='cpu',
+              XLA_FLAGS=xla_flags.cpu(devices), **more)
+
+
+def train_command(workdir, data_dir, *flags, config='lm_shakespeare'):
+  """The command line of train() (a list)."""
+  return [sys.executable, os.path.join(repo.ROOT, 'train.py'),
+          '--config', os.path.join(repo.ROOT, f'configs/{config}.py:tiny'),
+          '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
+          '--config.sample.enabled=False', *flags]
+
+
 def train(workdir, data_dir, *flags, devices=8, wait=True,
           config='lm_shakespeare', env=None, **popen):
   """train.py on config's tiny preset; env: more environment variables."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=xla_flags.cpu(devices),
-             **(env or {}))
-  cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'),
-         '--config', os.path.join(repo.ROOT, f'configs/{config}.py:tiny'),
-         '--workdir', str(workdir), f'--config.data.data_dir={data_dir}',
-         '--config.sample.enabled=False', *flags]
-  proc = subprocess.Popen(cmd, env=env, cwd=repo.ROOT, stdout=subprocess.PIPE,
+  proc = subprocess.Popen(train_command(workdir, data_dir, *flags,
+                                        config=config),
+                          env=train_env(devices, **(env or {})),
+                          cwd=repo.ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, **popen)
   if not wait:
     return proc

@@ -20,6 +20,7 @@ import os
 import time
 from typing import Iterator, Mapping
 
+from jax_transformer import started
 from jax_transformer.train import metrics
 
 # The parts, in the order summaries list them. 'startup' is everything
@@ -30,19 +31,20 @@ ROW_PARTS = ('data_wait', 'step', 'checkpoint', 'eval')
 
 
 def process_start_time() -> float:
-  """When this process started, on the ``time.time()`` clock."""
+  """When this program started, on the ``time.time()`` clock: the later of
+  the process's fork (``/proc``) and the moment Python began running
+  (``started.AT``), so that nothing a shell did before it exec'd Python
+  counts as start-up."""
   try:
     with open(f'/proc/{os.getpid()}/stat') as f:
       ticks = int(f.read().rsplit(')', 1)[1].split()[19])
     with open('/proc/stat') as f:
       boot = next(int(line.split()[1]) for line in f
                   if line.startswith('btime'))
-    return boot + ticks / os.sysconf('SC_CLK_TCK')
+    forked = boot + ticks / os.sysconf('SC_CLK_TCK')
   except (OSError, ValueError, StopIteration):
-    return _IMPORTED  # no /proc: from when this module was imported
-
-
-_IMPORTED = time.time()
+    return started.AT  # no /proc
+  return max(forked, started.AT)
 
 
 class Clock:

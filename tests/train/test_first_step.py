@@ -1,9 +1,15 @@
 """The restart-to-first-step line: its parts add up, the benchmark reads
 it back, and JAX's compilation-cache events decide hit or miss."""
 
+import subprocess
+import time
+
 import jax
 import jax.numpy as jnp
+import repo
+from train_runs import train_command, train_env
 
+from jax_transformer import data
 from jax_transformer.train import first_step
 from jax_transformer.train.goodput import Clock
 
@@ -35,3 +41,26 @@ def test_a_compile_read_from_the_persistent_cache_is_a_hit(tmp_path):
   jax.jit(lambda x: x + 1).lower(jnp.ones(3)).compile()  # under threshold
   assert events.verdict(before) == 'not cached'
   assert events.backend_s(before) > 0
+
+
+def test_start_up_is_counted_from_when_python_starts_not_the_shell(
+    tmp_path, real_data_dir):
+  """A shell that sleeps, then execs train.py (as `sleep 5 && exec python
+  ...` or a launch script's last line): the process is the shell's, forked
+  before the sleep, and the first-step line must not count the sleep. The
+  shell prints its clock just before the exec; the line's 'after the
+  process started' cannot exceed the seconds from then to the exit."""
+  data.prepare('shakespeare', real_data_dir)
+  flags = ['--config.num_steps=1', '--config.log_every=1',
+           '--config.eval_every=1', '--config.checkpoint_every=1']
+  command = subprocess.list2cmdline(train_command(
+      tmp_path / 'w', real_data_dir, *flags))
+  shell = f'sleep 5 && date +%s.%N && exec {command}'
+  out = subprocess.run(['bash', '-c', shell], env=train_env(), cwd=repo.ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       check=True).stdout
+  exited = time.time()
+  before_exec = float(out.split('\n', 1)[0])
+  line = first_step.parse(out)
+  assert line is not None, out[-2000:]
+  assert 0 < line['to_first_step_s'] <= exited - before_exec
