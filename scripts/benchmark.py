@@ -82,6 +82,7 @@ import os
 import sys
 
 from jax_transformer import cli
+from jax_transformer.bench import record, timing
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
@@ -97,8 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
   p.add_argument('--rounds', type=int, default=None,
-                 help='cpu, lora, plan, local_tier: interleaved rounds per '
-                 'comparison (default 7; local_tier: 2)')
+                 help='interleaved rounds per comparison (default 7; '
+                 'local_tier, serve and harness: 5)')
   p.add_argument('--models', default='transformer_base,default_lm',
                  help='cpu: comma-separated, of transformer_base,default_lm')
   p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
@@ -132,6 +133,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--clients', default='1,8,32',
                  help='serve: numbers of concurrent clients, comma-separated')
   p.add_argument('--output', help='also append the JSON lines here')
+  p.add_argument('--record', default=str(record.MEASURED),
+                 help='the benchmark record this run is appended to '
+                 '(docs/records/measured.jsonl: the docs\' tables are made '
+                 'from it by scripts/report.py)')
+  p.add_argument('--no_record', action='store_true',
+                 help='append no record (a trial run)')
   args = p.parse_args(argv)
   if args.suite == 'nanogpt' and not args.nanogpt_dir:
     p.error('--suite nanogpt needs --nanogpt_dir (a clone of '
@@ -155,8 +162,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
-    args.rounds = (2 if local or args.suite == 'serve'
-                   else 3 if args.suite == 'harness' else 7)
+    args.rounds = (5 if local or args.suite in ('serve', 'harness')
+                   else 7)
   if args.steps is None:
     args.steps = 200 if local else 600
   if min(args.rounds, args.steps, args.local_every, args.limit,
@@ -268,6 +275,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   from jax_transformer.runtime import host_memory  # pylint: disable=g-import-not-at-top
   host_memory.retain_freed_memory()  # as train.py does
+  load_before = timing.load_average()
   rows = run_suite(args)
   for row in rows:
     line = json.dumps(row)
@@ -276,6 +284,11 @@ def main(argv=None) -> int:
       with open(args.output, 'a') as f:
         f.write(line + '\n')
   print(table(rows), file=sys.stderr)
+  if not args.no_record:
+    record.append(record.make(
+        args.suite, rows, sys.argv[1:] if argv is None else list(argv),
+        args.rounds, load_before, timing.load_average()), args.record)
+    print(f'Recorded in {args.record}.', file=sys.stderr)
   return 0
 
 

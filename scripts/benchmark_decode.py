@@ -28,7 +28,7 @@ import sys
 import jax
 
 from jax_transformer import cli
-from jax_transformer.bench import decode
+from jax_transformer.bench import decode, record, timing
 from jax_transformer.bench.rows import stream
 from jax_transformer.errors import UsageError
 
@@ -48,6 +48,10 @@ def parse_args(argv=None):
                  help='our sides, of ' + ', '.join(OPTIONS))
   p.add_argument('--no_encoder_decoder', action='store_true')
   p.add_argument('--output', help='also write the JSON lines here')
+  p.add_argument('--record', default=str(record.MEASURED),
+                 help='the benchmark record this run is appended to')
+  p.add_argument('--no_record', action='store_true',
+                 help='append no record (a trial run)')
   args = p.parse_args(argv)
   unknown = sorted(set(args.options.split(',')) - set(OPTIONS))
   if unknown:
@@ -90,6 +94,7 @@ def main(argv=None) -> int:
   device = jax.devices()[0]
   if args.gpu and device.platform == 'cpu':
     raise UsageError('--gpu needs a GPU or TPU; this machine has only CPUs.')
+  load_before = timing.load_average()
   bandwidth = decode.measured_bandwidth()
   peak = decode.peak_bandwidth(device.device_kind)
   rows = stream((dict(row, device=device.device_kind)
@@ -97,6 +102,12 @@ def main(argv=None) -> int:
                  for row in decode.measure(case, args.rounds, bandwidth,
                                            peak)), args.output)
   print(table(rows), file=sys.stderr)
+  if not args.no_record:
+    record.append(record.make(
+        'decode_gpu' if args.gpu else 'decode',
+        rows, sys.argv[1:] if argv is None else list(argv), args.rounds,
+        load_before, timing.load_average()), args.record)
+    print(f'Recorded in {args.record}.', file=sys.stderr)
   return 0
 
 

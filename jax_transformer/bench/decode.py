@@ -203,7 +203,9 @@ def measure(case: Case, rounds: int, bandwidth: float,
                                         / seconds / peak)
     if case.reference in times and name != case.reference:
       ratios = [r / o for o, r in zip(ts, times[case.reference])]
-      row[f'speed_vs_{case.reference}'] = statistics.median(ratios)
+      key = f'speed_vs_{case.reference}'
+      row.update({key: statistics.median(ratios), f'{key}_min': min(ratios),
+                  f'{key}_max': max(ratios)})
       row['same_tokens'] = float(
           (outputs[name] == outputs[case.reference]).mean())
     rows.append(row)

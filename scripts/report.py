@@ -1,0 +1,103 @@
+"""The docs' tables of measured figures, made from the benchmark record.
+
+    python scripts/report.py           # rewrite README's and performance.md's
+    python scripts/report.py --check   # exit 1 where a table is not the record's
+
+Every figure of ``jax_transformer/bench/documented.py`` is read from the
+newest record of its suite in ``docs/records/measured.jsonl`` (which
+``scripts/benchmark.py`` and ``scripts/benchmark_decode.py`` append to),
+with the commit and machine it was measured on; one that no record holds
+is left out, one whose measured files changed after its record's commit
+is marked stale. The tables sit between the ``<!-- measured:begin -->``
+and ``<!-- measured:end -->`` lines of README.md and docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from jax_transformer.bench import documented, record
+
+BEGIN, END = '<!-- measured:begin -->', '<!-- measured:end -->'
+README = record.ROOT / 'README.md'
+PERFORMANCE = record.ROOT / 'docs' / 'performance.md'
+
+
+def found(records):
+  """(figure, record, value) of every documented figure a record holds."""
+  for figure in documented.FIGURES:
+    hit = documented.newest(records, figure)
+    if hit:
+      yield figure, *hit
+
+
+def readme_table(records) -> str:
+  lines = ['| what | measured | commit, machine | command |',
+           '|---|---|---|---|']
+  for figure, rec, got in found(records):
+    if figure.readme:
+      lines.append(f'| {figure.what} | {documented.cell(figure, rec, got)} '
+                   f"| `{(rec['commit'] or '?')[:7]}`, {rec['date']}, "
+                   f"{documented.machine_text(rec['machine'])} "
+                   f'| `{figure.command}` |')
+  return '\n'.join(lines)
+
+
+def performance_table(records) -> str:
+  lines = ['| what | measured | rounds, load | commit | machine | date | '
+           'command | details |', '|---|---|---|---|---|---|---|---|']
+  for figure, rec, got in found(records):
+    load = '-'.join(f'{x:.1f}' for x in (rec['load_before'],
+                                          rec['load_after'])
+                    if x is not None)
+    lines.append(
+        f'| {figure.what} | {documented.cell(figure, rec, got)} '
+        f"| {got['n']}, load {load or '?'} | `{(rec['commit'] or '?')[:7]}` "
+        f"| {documented.machine_text(rec['machine'])} | {rec['date']} "
+        f'| `{figure.command}` | {figure.details} |')
+  return '\n'.join(lines)
+
+
+def with_table(text: str, table: str, path: pathlib.Path) -> str:
+  """text with what lies between its markers replaced by table."""
+  if BEGIN not in text or END not in text:
+    raise SystemExit(f'{path} has no {BEGIN} ... {END} lines.')
+  head, rest = text.split(BEGIN, 1)
+  _, tail = rest.split(END, 1)
+  return f'{head}{BEGIN}\n{table}\n{END}{tail}'
+
+
+def made(records=None) -> dict[pathlib.Path, str]:
+  """Each doc as the record makes it."""
+  records = record.read() if records is None else records
+  return {README: with_table(README.read_text(), readme_table(records),
+                             README),
+          PERFORMANCE: with_table(PERFORMANCE.read_text(),
+                                  performance_table(records), PERFORMANCE)}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--check', action='store_true',
+                 help='change nothing; exit 1 where a table differs')
+  args = p.parse_args(argv)
+  differ = []
+  for path, text in made().items():
+    if path.read_text() != text:
+      differ.append(path)
+      if not args.check:
+        path.write_text(text)
+  rel = ', '.join(str(p.relative_to(record.ROOT)) for p in differ)
+  if args.check:
+    if differ:
+      print(f'{rel}: the measured table is not the record\'s; run python '
+            'scripts/report.py.', file=sys.stderr)
+    return 1 if differ else 0
+  print(f'Rewrote {rel}.' if differ else 'Tables already the record\'s.')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

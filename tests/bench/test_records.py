@@ -1,0 +1,75 @@
+"""The benchmark record and the docs' tables made from it
+(jax_transformer/bench/record.py, documented.py, scripts/report.py)."""
+
+import subprocess
+
+import script_helpers
+
+from jax_transformer.bench import documented, record
+
+REPORT = script_helpers.load_script('report')
+
+
+def test_the_docs_measured_tables_are_the_records():
+  """README's and performance.md's tables are what the record makes: a
+  figure typed by hand, one no record holds, or one whose measured files
+  changed since its record without being marked stale fails here."""
+  for path, text in REPORT.made().items():
+    assert path.read_text() == text, (
+        f'{path.name}: run python scripts/report.py (the table differs '
+        'from the record)')
+
+
+def test_every_figure_in_the_tables_names_its_commit_and_machine():
+  for figure, rec, got in REPORT.found(record.read()):
+    assert rec['commit'] and rec['machine']['cpu'] and got['n'] >= 1
+    assert rec['suite'] == figure.suite
+
+
+def test_figures_take_a_rows_own_range_or_the_range_over_rounds():
+  rows = [{'suite': 's', 'model': 'm', 'ratio': 0.8, 'ratio_min': 0.7,
+           'ratio_max': 0.95, 'rounds': 5},
+          {'suite': 's', 'side': 'a', 'round': 0, 'seconds': 3.0},
+          {'suite': 's', 'side': 'a', 'round': 1, 'seconds': 1.0},
+          {'suite': 's', 'side': 'a', 'round': 2, 'seconds': 2.0}]
+  got = record.figures(rows)
+  assert got['s/m/ratio'] == {'median': 0.8, 'min': 0.7, 'max': 0.95,
+                              'n': 5}
+  assert got['s/a/seconds'] == {'median': 2.0, 'min': 1.0, 'max': 3.0,
+                                'n': 3}
+  assert 's/m/ratio_min' not in got and 's/a/round' not in got
+
+
+def test_a_figure_is_stale_once_what_it_measures_changed():
+  first = subprocess.run(['git', 'rev-list', '--max-parents=0', 'HEAD'],
+                         cwd=record.ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()[0]
+  figure = documented.FIGURES[0]
+  rec = {'commit': first, 'changed_tree': False}
+  got = {'median': 0.9, 'min': 0.8, 'max': 1.0, 'n': 5}
+  assert '**stale**' in documented.cell(figure, rec, got)
+  head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=record.ROOT,
+                        capture_output=True, text=True,
+                        check=True).stdout.strip()
+  # A path untouched since HEAD: not stale (a clean checkout, as CI's).
+  fresh = documented.Figure('x', 's', {}, 'ratio', '{m:.2f}x', 'c', 'd',
+                            ('pyproject.toml',))
+  changed = documented.changed_since(head, ('pyproject.toml',))
+  cell = documented.cell(fresh, {'commit': head, 'changed_tree': False}, got)
+  assert ('**stale**' in cell) == bool(changed)
+  assert cell.startswith('0.90x')
+
+
+def test_a_record_says_what_ran_where(tmp_path):
+  rows = [{'suite': 'cpu', 'model': 'm', 'step': 'train', 'ratio': 0.9,
+           'ratio_min': 0.8, 'ratio_max': 1.1, 'rounds': 5}]
+  rec = record.make('cpu', rows, ['--suite', 'cpu'], 5, 1.0, 2.0)
+  path = tmp_path / 'r.jsonl'
+  record.append(rec, path)
+  record.append(rec, path)
+  back = record.read(path)
+  assert len(back) == 2 and back[0] == rec
+  assert rec['machine']['cores'] >= 1 and isinstance(rec['machine']['isa'],
+                                                     list)
+  assert len(rec['commit']) == 40 and rec['figures']['cpu/m/train/ratio'][
+      'median'] == 0.9
