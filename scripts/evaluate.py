@@ -288,6 +288,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   check_args(args)
+  storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
   if args.tasks is not None:
     run_harness(args)
     return 0
