@@ -40,7 +40,6 @@ import json
 import os
 from typing import Any, Iterator
 
-import jax
 import numpy as np
 
 from jax_transformer import data
@@ -49,7 +48,6 @@ from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment import Experiment
 from jax_transformer.interop import hf_checkpoint, hf_tokenizer, torch_compat
 from jax_transformer.model import params as params_lib
-from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.storage import names
@@ -61,6 +59,7 @@ from jax_transformer.train import (
   run_plan,
   trainer,
 )
+from jax_transformer.workdirs import restore
 from jax_transformer.workdirs.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
@@ -361,12 +360,6 @@ def reserved_id_notes(tokenizer) -> list[str]:
           'and generate.py stops at that EOS.']
 
 
-def local_mesh(setup) -> jax.sharding.Mesh:
-  """This host's devices on 'fsdp', as many as divide every parameter."""
-  return sharding.fsdp_mesh(setup.abstract_params,
-                            setup.model_def.logical_axes, jax.local_devices())
-
-
 def import_hf(folder: str, path: str, cfg: Experiment,
               workdir: str | WorkdirPaths,
               explicit: set[str] = frozenset()) -> Imported:
@@ -383,7 +376,8 @@ def import_hf(folder: str, path: str, cfg: Experiment,
   except ValueError as e:
     raise UsageError(str(e)) from None
   data_state = data.initial_state(cfg.train_batches)
-  plan = run_plan.build(cfg, local_mesh(setup), tokenizer.vocab_size, setup)
+  plan = run_plan.build(cfg, restore.local_mesh(setup), tokenizer.vocab_size,
+                        setup)
   state = init_from.Start(source, tokenizer).state(setup, cfg.seed,
                                                     plan.shardings)
   with staged(resolve(workdir)) as partial:
