@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 from jax_transformer import data, decoding
 from jax_transformer.data.batching import markers
-from jax_transformer.decoding import sampling
+from jax_transformer.decoding import inference, sampling
 from jax_transformer.experiment import EvalConfig
 from jax_transformer.runtime.workdir import WorkdirPaths
 from jax_transformer.train import evaluation
@@ -174,7 +174,7 @@ def sample(setup, params, tokenizer, config: EvalConfig) -> str:
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
-  stream = data.spec_for(config.data).lm_mode == 'stream'
+  stream = inference.streamed(config.data)
   # Nothing to continue: a stream starts a document after an EOS.
   row = data.lm_prompt(ids, stream, bos) or [eos]
   out = decoding.generate(model, [row], max_new_tokens=s.max_new_tokens,
