@@ -32,7 +32,7 @@ import numpy as np
 
 from jax_transformer import data
 from jax_transformer.cli import load_config
-from jax_transformer.data.pipeline import stream_tokens
+from jax_transformer.data.splits import stream_tokens
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 

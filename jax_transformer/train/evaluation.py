@@ -18,6 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from tqdm import tqdm
 
 from jax_transformer import data
+from jax_transformer.data import splits
 from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import DataConfig
@@ -168,7 +169,7 @@ def split_texts(data_cfg: DataConfig, split: str,
                 ) -> tuple[list[str], list[str]]:
   """(sources, references) of a translation split, in stored order."""
   spec = data.spec_for(data_cfg)
-  src_key, tgt_key = data.pipeline.translation_keys(
+  src_key, tgt_key = splits.translation_keys(
       spec, data_cfg.direction)
   source = data.load_source(spec, split, data_cfg.data_dir)
   n = len(source) if max_examples is None else min(max_examples, len(source))

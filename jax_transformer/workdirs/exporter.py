@@ -183,7 +183,7 @@ def torch_config(trained: Trained) -> dict[str, Any]:
   c, tok = trained.model.config, trained.tokenizer
   if trained.kind == 'encoder_decoder':
     return torch_compat.reference_kwargs(c)
-  return torch_compat.gpt2_hf_config(c, bos_id=tok.bos_id, eos_id=tok.eos_id,
+  return hf_families.gpt2_hf_config(c, bos_id=tok.bos_id, eos_id=tok.eos_id,
                                      pad_id=tok.pad_id)
 
 

@@ -46,7 +46,12 @@ from jax_transformer import data
 from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment import Experiment
-from jax_transformer.interop import hf_checkpoint, hf_tokenizer, torch_compat
+from jax_transformer.interop import (
+  hf_checkpoint,
+  hf_families,
+  hf_tokenizer,
+  torch_compat,
+)
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.runtime import storage
@@ -121,7 +126,7 @@ def read_source(path: str) -> Source:
       meta = json.load(f)
     if meta.get('format') != TORCH_FORMAT:
       meta = {}
-  tensors = torch_compat.with_gpt2_prefix(tensors)
+  tensors = hf_families.with_gpt2_prefix(tensors)
   layout = meta.get('layout') or _guess_layout(path, tensors)
   kind = next(k for k, v in LAYOUTS.items() if v.name == layout)
   return Source(path, kind, layout, tensors, meta.get('model_config', {}),
@@ -172,9 +177,9 @@ def _read_hf_dir(path: str) -> Source:
   if not os.path.exists(os.path.join(path, 'tokenizer.json')):
     raise UsageError(f'{path} has no tokenizer.json; save its tokenizer '
                      'there with tokenizer.save_pretrained(...) first.')
-  fields, unsupported = torch_compat.model_fields_from_gpt2(hf)
+  fields, unsupported = hf_families.model_fields_from_gpt2(hf)
   return Source(path, 'decoder_lm', 'gpt2',
-                torch_compat.with_gpt2_prefix(_hf_weights(path)), fields, 0,
+                hf_families.with_gpt2_prefix(_hf_weights(path)), fields, 0,
                 tokenizers.HuggingFaceTokenizer.from_pretrained(path),
                 tuple(unsupported))
 

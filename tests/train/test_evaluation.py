@@ -17,6 +17,7 @@ import sacrebleu
 
 from jax_transformer import data, decoding
 from jax_transformer.cli import load_config
+from jax_transformer.data import splits
 from jax_transformer.data import testing as data_testing
 from jax_transformer.model import sharding
 from jax_transformer.train import evaluation, trainer
@@ -145,7 +146,7 @@ def test_lm_perplexity_equals_independent_mean_token_loss(lm_workdir):
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:1])
   model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
-  tokens = data.pipeline.stream_tokens(
+  tokens = splits.stream_tokens(
       data.load_source('shakespeare', 'validation', wd.config.data.data_dir),
       data.get_spec('shakespeare'), wd.tokenizer)
   t = wd.config.seq_len
