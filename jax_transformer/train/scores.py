@@ -1,8 +1,9 @@
 """Scoring a trained model: BLEU and chrF for translation, loss, perplexity
 and bits per byte (or character) for language models.
 
-Used by ``scripts/evaluate.py`` and by the trainer's periodic evaluation, so
-the two compute the same numbers the same way.
+Used by ``scripts/evaluate.py`` and by the trainer's periodic evaluation
+(``evaluating``, its hooks), so the two compute the same numbers the same
+way.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ def bleu_metrics(model, tokenizer, data_cfg: DataConfig,
   trainer's periodic check; scripts/evaluate.py scores whole splits)."""
   sources, refs = split_texts(data_cfg, data_cfg.eval_split, num_examples)
   hyps = translate(model, tokenizer, sources, batch_size=batch_size)
-  scores = bleu_and_chrf(hyps, refs)
-  return {'eval_bleu': scores['bleu'], 'eval_chrf': scores['chrf']}
+  both = bleu_and_chrf(hyps, refs)
+  return {'eval_bleu': both['bleu'], 'eval_chrf': both['chrf']}
 
 
 def _progress(items: Iterable, **kwargs):
