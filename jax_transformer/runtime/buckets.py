@@ -57,7 +57,8 @@ def split(location: str | os.PathLike) -> tuple[str, str]:
   """('bucket', 'run/') for 'gs://bucket/run'."""
   rest = os.fspath(location).split('://', 1)[1]
   bucket, _, prefix = rest.partition('/')
-  return bucket, prefix.strip('/') + '/' if prefix.strip('/') else ''
+  prefix = prefix.strip('/')
+  return bucket, f'{prefix}/' if prefix else ''
 
 
 def endpoint() -> str:
@@ -150,18 +151,18 @@ def ask_within(url: str, bucket: str, prefix: str,
 def ask(url: str, bucket: str, prefix: str, seconds: float) -> Answer:
   """Lists at most one object of bucket under prefix; never raises."""
   import requests  # pylint: disable=g-import-not-at-top
-  session, missing = requests.Session(), ''
-  if url == GCS_URL:
-    session, missing = _session()
+  missing = ''
   try:
-    reply = session.get(
-        f'{url}/storage/v1/b/{urllib.parse.quote(bucket, safe="")}/o',
-        params={'maxResults': 1, 'prefix': prefix, 'fields': 'kind'},
-        timeout=seconds)
+    # GCS itself with this machine's credentials, a GCS server without.
+    session, missing = (_session() if url == GCS_URL
+                        else (requests.Session(), ''))
+    with session:
+      reply = session.get(
+          f'{url}/storage/v1/b/{urllib.parse.quote(bucket, safe="")}/o',
+          params={'maxResults': 1, 'prefix': prefix, 'fields': 'kind'},
+          timeout=seconds)
   except Exception as error:  # pylint: disable=broad-except
     return Answer(error=error, no_credentials=missing)
-  finally:
-    session.close()
   return Answer(status=reply.status_code, no_credentials=missing)
 
 
