@@ -38,6 +38,11 @@ LOGIN = ('gcloud auth application-default login, or set '
 _ANSWERED: set[tuple[str, str]] = set()  # (endpoint, bucket) that answered
 
 
+class NoCredentialsInTime(TimeoutError):
+  """The search for credentials (google-auth asks for a metadata server,
+  which off Google Cloud may not answer for seconds) outlasted the check."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Answer:
   """What asking about a bucket got.
@@ -110,6 +115,9 @@ def _failure(answer: Answer, bucket: str, host: str) -> str | None:
   """The clause for a request that got no answer."""
   import google.auth.exceptions  # pylint: disable=g-import-not-at-top
   error = answer.error
+  if isinstance(error, NoCredentialsInTime):
+    return (f'no Google credentials were found to read the bucket {bucket} '
+            f'({error}); run {LOGIN}')
   if isinstance(error, google.auth.exceptions.RefreshError):
     return (f'the Google credentials found here were refused while asking '
             f'for the bucket {bucket} ({first_line(error)}); run {LOGIN}')
@@ -138,24 +146,35 @@ def ask_within(url: str, bucket: str, prefix: str,
   server's search for credentials has no timeout of its own to trust.
   A question given up on is left to finish in a daemon thread."""
   answers: list[Answer] = []
+  stages: list[str] = []
   worker = threading.Thread(
-      target=lambda: answers.append(ask(url, bucket, prefix, seconds)),
+      target=lambda: answers.append(ask(url, bucket, prefix, seconds,
+                                        stages)),
       name='bucket-check', daemon=True)
   worker.start()
   worker.join(seconds)
   if answers:
     return answers[0]
+  if stages[-1:] == ['credentials']:
+    return Answer(error=NoCredentialsInTime(
+        f'none in {seconds:g} s of looking, the metadata server silent'))
   return Answer(error=TimeoutError(f'no answer in {seconds:g} s'))
 
 
-def ask(url: str, bucket: str, prefix: str, seconds: float) -> Answer:
-  """Lists at most one object of bucket under prefix; never raises."""
+def ask(url: str, bucket: str, prefix: str, seconds: float,
+        stages: list[str] | None = None) -> Answer:
+  """Lists at most one object of bucket under prefix; never raises.
+  stages: where it has got to ('credentials', then 'request'), for a
+  caller that gives up waiting."""
   import requests  # pylint: disable=g-import-not-at-top
+  stages = [] if stages is None else stages
   missing = ''
   try:
     # GCS itself with this machine's credentials, a GCS server without.
+    stages.append('credentials')
     session, missing = (_session() if url == GCS_URL
                         else (requests.Session(), ''))
+    stages.append('request')
     with session:
       reply = session.get(
           f'{url}/storage/v1/b/{urllib.parse.quote(bucket, safe="")}/o',

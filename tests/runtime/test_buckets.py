@@ -3,6 +3,8 @@ sentence naming its cause (runtime/buckets.py): against the GCS server of
 the tests (tests/gcs_server.py), a closed port, and the answers GCS gives
 that no server here gives (401, 403)."""
 
+import time
+
 import pytest
 
 from jax_transformer.errors import UsageError
@@ -67,3 +69,20 @@ def test_the_endpoint_is_the_one_gcsfs_and_google_cloud_storage_use(
   assert buckets.endpoint() == 'https://gcs.test'
   assert buckets.split('gs://b/a/run/') == ('b', 'a/run/')
   assert buckets.split('gs://b') == ('b', '')
+
+
+def test_a_silent_search_for_credentials_is_told_as_no_credentials(
+    monkeypatch):
+  """Off Google Cloud, google-auth may wait seconds for a metadata server
+  that never answers: the check gives up and says credentials are what is
+  missing, not the network."""
+  def silent():
+    time.sleep(2)
+    raise AssertionError('given up on before this')
+
+  monkeypatch.setattr(buckets, '_session', silent)
+  answer = buckets.ask_within(buckets.GCS_URL, 'b', 'run/', 0.2)
+  assert isinstance(answer.error, buckets.NoCredentialsInTime)
+  assert buckets.cause(answer, 'b', buckets.GCS_URL) == (
+      'no Google credentials were found to read the bucket b (none in 0.2 '
+      f's of looking, the metadata server silent); run {buckets.LOGIN}')

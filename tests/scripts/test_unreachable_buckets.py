@@ -5,7 +5,8 @@ filesystem's minute of retries and tracebacks (runtime/buckets.py).
 
 Without credentials, this machine's answer depends on its network: none
 (CI's machines), the bucket not there, or a sign-in wanted (GCS asked
-anonymously). Each is one of the causes a user can mend."""
+anonymously, or no metadata server answering the search for credentials).
+Each is one of the causes a user can mend."""
 
 import os
 import subprocess
@@ -17,7 +18,9 @@ import repo
 NOWHERE = 'gs://no-such-bucket-xyz/run'
 CAUSES = ('cannot reach the bucket no-such-bucket-xyz: no network',
           'no such bucket no-such-bucket-xyz',
-          'the bucket no-such-bucket-xyz needs Google credentials')
+          'the bucket no-such-bucket-xyz needs Google credentials',
+          'no Google credentials were found to read the bucket '
+          'no-such-bucket-xyz')
 DOORS = {
     'train.py': ['train.py', '--workdir', NOWHERE],
     'evaluate.py': ['scripts/evaluate.py', '--workdir', NOWHERE],
