@@ -182,6 +182,10 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   if 'verbosity' in values and not values['verbosity'].present:
     # Orbax logs every file it writes at INFO.
     logging.set_verbosity(logging.WARNING)
+  # Before JAX or any data: a bucket that cannot be reached is one sentence
+  # now, not a minute of the filesystem's retries later.
+  from jax_transformer.runtime import storage  # pylint: disable=g-import-not-at-top
+  storage.check_reachable(values.workdir)
   # Imported after flag parsing so --help stays fast.
   import jax  # pylint: disable=g-import-not-at-top
 

@@ -146,25 +146,25 @@ def _write_lines(directory, name: str, lines: Sequence[str]) -> None:
 
 
 def evaluate_translation(wd, params, mesh, args, split: str) -> dict:
-  from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
-  sources, refs = evaluation.split_texts(wd.config.data, split,
+  from jax_transformer.train import scores  # pylint: disable=g-import-not-at-top
+  sources, refs = scores.split_texts(wd.config.data, split,
                                          args.max_examples)
   start = time.perf_counter()
-  hyps = evaluation.translate(
+  hyps = scores.translate(
       wd.model(params), wd.tokenizer, sources, beam_size=args.beam_size,
       alpha=args.alpha, batch_size=args.batch_size, mesh=mesh, progress=True)
   seconds = time.perf_counter() - start
-  scores = evaluation.bleu_and_chrf(hyps, refs)
-  return dict(scores, examples=len(sources), decode_seconds=seconds), {
+  both = scores.bleu_and_chrf(hyps, refs)
+  return dict(both, examples=len(sources), decode_seconds=seconds), {
       'sources.txt': sources, 'hypotheses.txt': hyps, 'references.txt': refs}
 
 
 def evaluate_lm(wd, params, mesh, args, split: str) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
 
-  from jax_transformer.train import evaluation, steps  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import scores, steps  # pylint: disable=g-import-not-at-top
   eval_step = jax.jit(steps.make_eval_step(wd.setup.model_def))
-  metrics = evaluation.loss_metrics(
+  metrics = scores.loss_metrics(
       eval_step, params, wd.config.data, wd.tokenizer, mesh,
       (args.batch_size, wd.config.seq_len), split, count_text=True,
       progress=True)
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> dict:
   """Scores the workdir; returns the printed JSON object."""
   from jax_transformer.data import corpus  # pylint: disable=g-import-not-at-top
   from jax_transformer.model import sharding
-  from jax_transformer.train import evaluation  # pylint: disable=g-import-not-at-top
+  from jax_transformer.train import scores  # pylint: disable=g-import-not-at-top
   from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   check_args(args)
   # Local or gs://, as training accepts it; one sentence if it is not there.
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> dict:
   gone = corpus.gone(wd.data_record, split, args.workdir)
   if gone:
     raise UsageError(gone)
-  evaluation.check_split(cfg.data, split)
+  scores.check_split(cfg.data, split)
   if args.batch_size is None:
     args.batch_size = cfg.eval_batch_size
   mesh = restore.inference_mesh(wd)  # the training mesh, on this host
@@ -288,6 +288,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   check_args(args)
+  storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
   if args.tasks is not None:
     run_harness(args)
     return 0

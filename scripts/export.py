@@ -66,6 +66,7 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import storage
 from jax_transformer.workdirs import exporter as export_lib
 from jax_transformer.workdirs import restore
 
@@ -100,6 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 @cli.entry_point(PROG)
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
   if args.lora_adapter_only:
     if args.format != 'hf' or args.verify:
       raise UsageError('--lora_adapter_only writes a PEFT folder: give '

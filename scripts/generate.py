@@ -287,8 +287,10 @@ def main(argv: Sequence[str] | None = None,
   """
   args = parse_args(argv)
   check_args(args)
-  # Local or gs://, as training accepts it (an unreachable scheme is refused
-  # by resolve); checked before any file is read or checkpoint restored.
+  # Local or gs://, as training accepts it (an unreachable scheme or bucket
+  # is refused at once); checked before any file is read or checkpoint
+  # restored.
+  storage.check_reachable(args.workdir)
   if not resolve(args.workdir).root.is_dir():
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir.')

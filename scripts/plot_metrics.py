@@ -60,6 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load_run(workdir: str, name: str) -> Run:
   """A workdir's metrics, local or gs:// as training accepts it."""
+  storage.check_reachable(workdir, 'WORKDIR')  # a gs:// bucket, at once
   paths = resolve(workdir, 'WORKDIR')
   if not paths.root.is_dir():
     raise UsageError(f'{workdir} is not a directory.')

@@ -37,6 +37,7 @@ from typing import Sequence
 from jax_transformer import cli
 from jax_transformer.decoding import quantize
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import resolve
 
 PROG = 'serve.py'
@@ -93,6 +94,7 @@ def check_args(args: argparse.Namespace) -> None:
   if args.shutdown_timeout < 0:
     raise UsageError('--shutdown_timeout must be >= 0, got '
                      f'{args.shutdown_timeout}.')
+  storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
   if not resolve(args.workdir).root.is_dir():
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir or a Hugging Face folder.')

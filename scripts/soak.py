@@ -45,17 +45,14 @@ from typing import NamedTuple, Sequence
 import checkpoint_damage
 
 from jax_transformer import cli
+from jax_transformer.bench.resumed import (
+  ROOT,
+  SoakFailure,
+  check_round,
+  train_command,
+)
 from jax_transformer.runtime import faults
 from jax_transformer.runtime.exits import EXIT_INTERRUPTED
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Logged values that must repeat exactly (timings need not).
-EXACT_METRICS = ('loss', 'grad_norm', 'learning_rate', 'eval_loss')
-
-
-class SoakFailure(AssertionError):
-  """Resume lost or changed something: the message says what."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -173,21 +170,6 @@ def last_step_kills(num_steps: int) -> list[Kill]:
           for signum, phase, step in plan]
 
 
-def train_command(args, workdir: str) -> list[str]:
-  flags = [f'--config.num_steps={args.num_steps}',
-           f'--config.checkpoint_every={args.checkpoint_every}',
-           f'--config.keep_checkpoints={args.keep_checkpoints}',
-           f'--config.eval_every={args.eval_every}',
-           '--config.log_every=1', '--config.sample.enabled=False']
-  if args.data_dir:
-    flags.append(f'--config.data.data_dir={args.data_dir}')
-  return [sys.executable, os.path.join(ROOT, 'train.py'),
-          '--config', args.config, '--workdir', workdir,
-          '--compilation_cache_dir',
-          os.path.join(args.workdir, 'xla_cache'),
-          *flags, *args.overrides]
-
-
 def launch(args, workdir: str, log_path: str, kill: Kill | None = None
            ) -> subprocess.Popen:
   # Unbuffered: a killed start's log holds everything it printed.
@@ -294,98 +276,6 @@ def what_it_read(log_path: str) -> str:
   return said
 
 
-def final_state(workdir: str, step: int):
-  """(train state, data-iterator state) of workdir's checkpoint at step."""
-  # Imported here: --help and argument errors stay fast.
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from jax_transformer import data  # pylint: disable=g-import-not-at-top
-  from jax_transformer.runtime import workdir as workdir_lib
-  from jax_transformer.train import checkpoint, model_setup
-  cfg = checkpoint.load_config(workdir)
-  vocab = data.load_tokenizer(
-      os.path.join(workdir, workdir_lib.TOKENIZER_DIR)).vocab_size
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one),
-      model_setup.build(cfg, vocab).abstract_state(cfg.seed))
-  saver = checkpoint.Checkpointer(workdir, async_save=False)
-  try:
-    if saver.latest_step() != step:
-      raise SoakFailure(f'{workdir} ends at checkpoint step '
-                        f'{saver.latest_step()}, not {step}.')
-    return saver.restore(abstract, step=step)
-  finally:
-    saver.close()
-
-
-def leaf_bytes(x):
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-    x = jax.random.key_data(x)
-  x = np.asarray(x)
-  return str(x.dtype), x.shape, x.tobytes()
-
-
-def compare_states(reference, got, where: str) -> None:
-  """Raises SoakFailure naming the first leaf that differs in any bit."""
-  import jax  # pylint: disable=g-import-not-at-top
-  want = jax.tree_util.tree_flatten_with_path(reference[0])
-  have = jax.tree_util.tree_flatten_with_path(got[0])
-  if [p for p, _ in want[0]] != [p for p, _ in have[0]]:
-    raise SoakFailure(f'{where}: the final state has other leaves.')
-  for (path, a), (_, b) in zip(want[0], have[0]):
-    if leaf_bytes(a) != leaf_bytes(b):
-      raise SoakFailure(f'{where}: {jax.tree_util.keystr(path)} differs '
-                        'from the uninterrupted run.')
-  if reference[1] != got[1]:
-    raise SoakFailure(f'{where}: the data position differs: {got[1]} vs '
-                      f'{reference[1]}.')
-
-
-def logged(workdir: str) -> list[dict]:
-  """Every row of metrics.jsonl, in order, re-logged steps included."""
-  import json  # pylint: disable=g-import-not-at-top
-  path = os.path.join(workdir, 'metrics.jsonl')
-  with open(path) as f:
-    lines = [line for line in f if line.strip()]
-  try:
-    return [json.loads(line) for line in lines]
-  except json.JSONDecodeError as err:
-    raise SoakFailure(f'{path} has a line that is not JSON: {err}.') from err
-
-
-def compare_metrics(reference: list[dict], got: list[dict],
-                    where: str) -> None:
-  by_step = {row['step']: row for row in reference}
-  for i, row in enumerate(got):
-    want = by_step.get(row['step'])
-    if want is None:
-      raise SoakFailure(f'{where}: logged step {row["step"]}, which the '
-                        'uninterrupted run did not.')
-    for key in EXACT_METRICS:
-      if key not in row and _logged_later(got[i + 1:], row['step'], key):
-        continue  # an evaluation a stop signal cut, finished by a restart
-      if (key in want or key in row) and want.get(key) != row.get(key):
-        raise SoakFailure(f'{where}: {key} at step {row["step"]} is '
-                          f'{row.get(key)}, uninterrupted {want.get(key)}.')
-  if {row['step'] for row in got} != set(by_step):
-    raise SoakFailure(f'{where}: steps logged differ from the '
-                      'uninterrupted run.')
-
-
-def _logged_later(rows: list[dict], step: int, key: str) -> bool:
-  """Whether a row of rows re-logs step with key."""
-  return any(r['step'] == step and key in r for r in rows)
-
-
-def check_round(args, reference: str, workdir: str) -> None:
-  compare_states(final_state(reference, args.num_steps),
-                 final_state(workdir, args.num_steps), workdir)
-  compare_metrics(logged(reference), logged(workdir), workdir)
-
-
 class Damage:
   """Damages one committed step of a workdir at random (a kind of
   checkpoint_damage), never the last readable one: a run with no readable
@@ -471,9 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def main_hard_kills(args) -> int:
   """--hard_kills: a JSON row per configuration, then the verdict."""
   import json  # pylint: disable=g-import-not-at-top
-  # soak_hosts imports this module by name: the running script, so that
-  # its SoakFailure is the one caught here.
-  sys.modules.setdefault('soak', sys.modules[__name__])
+
+  # The two-process soak, which imports nothing of this file.
   import soak_hosts  # pylint: disable=g-import-not-at-top
   try:
     rows = soak_hosts.hard_kills(args)

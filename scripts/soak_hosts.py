@@ -10,7 +10,7 @@ alone on even kills (process 0 then stops itself within
 --heartbeat_timeout, or is killed after it), both on odd ones. No handler
 runs, nothing is saved. The last start runs to the end, and its final
 state and logged losses must equal the reference's bit for bit
-(soak.check_round).
+(``jax_transformer/bench/resumed.py``, ``check_round``).
 
 Per configuration it reports the steps lost per kill (the last step a
 killed start logged, less the step the next start resumed from) and the
@@ -31,7 +31,13 @@ import socket
 import subprocess
 import time
 
-import soak
+from jax_transformer.bench.resumed import (
+  ROOT,
+  SoakFailure,
+  check_round,
+  logged,
+  train_command,
+)
 
 # Seconds the surviving process gets to notice the lost one (train.py's
 # --heartbeat_timeout, set low so a soak does not wait a minute a kill).
@@ -50,17 +56,17 @@ def launch(args, workdir: str, log_prefix: str, local_every: int
   address = f'127.0.0.1:{_port()}'
   env = dict(os.environ, PYTHONUNBUFFERED='1',
              PYTHONPATH=os.pathsep.join(
-                 p for p in (soak.ROOT, os.environ.get('PYTHONPATH')) if p))
+                 p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
   procs = []
   for i in range(2):
     tier = ([f'--config.local_checkpoint_dir={workdir}.host{i}',
              f'--config.local_checkpoint_every={local_every}']
             if local_every else [])
-    cmd = [*soak.train_command(args, workdir), *tier,
+    cmd = [*train_command(args, workdir), *tier,
            f'--coordinator_address={address}', '--num_processes=2',
            f'--process_id={i}', f'--heartbeat_timeout={HEARTBEAT_S}']
     with open(f'{log_prefix}.{i}.log', 'w') as log:
-      procs.append(subprocess.Popen(cmd, cwd=soak.ROOT, env=env, stdout=log,
+      procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT))
   return procs
 
@@ -98,7 +104,7 @@ def one_start(args, workdir: str, log_prefix: str, local_every: int,
           proc.send_signal(signal.SIGKILL)
         break
       if time.monotonic() - begun > args.timeout:
-        raise soak.SoakFailure(f'{log_prefix}: no kill moment within '
+        raise SoakFailure(f'{log_prefix}: no kill moment within '
                                f'{args.timeout:.0f} s.')
       time.sleep(0.02)
     statuses = []
@@ -113,7 +119,7 @@ def one_start(args, workdir: str, log_prefix: str, local_every: int,
     for proc in procs:
       proc.kill()
   if kill_after is None and statuses != [0, 0]:
-    raise soak.SoakFailure(f'{log_prefix}: the last start exited {statuses}; '
+    raise SoakFailure(f'{log_prefix}: the last start exited {statuses}; '
                            f'see {log_prefix}.0.log.')
   return {'wall_s': time.monotonic() - begun, 'last_step': last,
           'statuses': statuses, 'resumed': _resumed(f'{log_prefix}.0.log')}
@@ -127,7 +133,7 @@ def _resumed(log_path: str) -> int:
 
 def step_time(workdir: str) -> float:
   """Seconds in training steps of a run's rows (its productive time)."""
-  return sum(row.get('step_s', 0.0) for row in soak.logged(workdir)
+  return sum(row.get('step_s', 0.0) for row in logged(workdir)
              if 'step_s' in row)
 
 
@@ -152,7 +158,7 @@ def configuration(args, reference: str, name: str, local_every: int,
             f'{got["last_step"]}' if kill_after else 'to the end')
     print(f'{name} start {k}: resumed from step {got["resumed"]}, {plan}, '
           f'exit {got["statuses"]}, {got["wall_s"]:.1f} s', flush=True)
-  soak.check_round(args, reference, workdir)
+  check_round(args, reference, workdir)
   wall = sum(s['wall_s'] for s in starts)
   return {'configuration': name, 'local_checkpoint_every': local_every,
           'checkpoint_every': args.checkpoint_every, 'kills': len(lost),

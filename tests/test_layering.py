@@ -123,12 +123,13 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
 
 def test_imports_inside_functions_are_only_optional_dependencies():
   """Heavy optional packages (torch, transformers, fsspec's filesystems,
-  pyarrow for Parquet corpora) may be imported where used; everything else
-  is at the top, but for tensorboardX, which train/metrics.py imports with
-  torch, boto3 and Google's storage client hidden (it would import them,
-  seconds of every start)."""
+  pyarrow for Parquet corpora, google-auth and requests, which come with the
+  gs:// packages and runtime/buckets.py asks a bucket with) may be imported
+  where used; everything else is at the top, but for tensorboardX, which
+  train/metrics.py imports with torch, boto3 and Google's storage client
+  hidden (it would import them, seconds of every start)."""
   optional = ('torch', 'transformers', 'fsspec', 'pyarrow', 'tensorboardX',
-              'jax_transformer.interop.torch_reference')
+              'google', 'requests', 'jax_transformer.interop.torch_reference')
   inner = []
   for path in PACKAGE.rglob('*.py'):
     for node in ast.walk(ast.parse(path.read_text())):

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from jax_transformer import data
-from jax_transformer.data.pipeline import stream_tokens
+from jax_transformer.data.splits import stream_tokens
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import doors
 

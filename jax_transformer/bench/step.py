@@ -30,7 +30,7 @@ import optax
 from flax import nnx
 
 from jax_transformer.bench import timing
-from jax_transformer.interop import torch_compat
+from jax_transformer.interop import hf_families, torch_compat
 from jax_transformer.model.config import gpt2_small, transformer_base
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 from jax_transformer.model.params import split
@@ -120,7 +120,7 @@ def torch_side(case: dict[str, Any], model):
                            eps=1e-9)
   else:
     import transformers  # optional (the test extra), heavy
-    hf = transformers.GPT2Config(**torch_compat.gpt2_hf_config(
+    hf = transformers.GPT2Config(**hf_families.gpt2_hf_config(
         case['config']))
     hf._attn_implementation = 'sdpa'  # pylint: disable=protected-access
     ref = transformers.GPT2LMHeadModel(hf)

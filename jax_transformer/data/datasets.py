@@ -42,7 +42,7 @@ import tensorflow_datasets as tfds
 
 from jax_transformer.data import builders, files, token_store
 from jax_transformer.data import tokenizers as tok
-from jax_transformer.data.tokenizers import as_text  # noqa: F401 (here first)
+from jax_transformer.data.tokenizers import as_text
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment.data import DataConfig
 

@@ -49,14 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.data import preflight, sources, splits, workers
 from jax_transformer.data.datasets import given_tokenizer
-
-# Public here before they moved to splits (bench, evaluation, tests).
-from jax_transformer.data.splits import (  # noqa: F401
-  is_instruction,
-  stored_stream,
-  stream_tokens,
-  translation_keys,
-)
+from jax_transformer.data.splits import translation_keys
 from jax_transformer.data.tokenizers import ByteTokenizer, Tokenizer
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig

@@ -53,6 +53,13 @@ def is_blank(text: str) -> bool:
   return not text.strip()
 
 
+def streamed(data_config) -> bool:
+  """Whether a language model trained on data_config saw raw token windows
+  (``lm_mode`` 'stream'), so that its prompts take no BOS (:func:`layout`):
+  the one rule for decoding, evaluation, export and lm-eval."""
+  return data.spec_for(data_config).lm_mode == 'stream'
+
+
 def layout(ids: Sequence[int], model, stream: bool = False,
            tokenizer=None) -> list[int]:
   """Token ids laid out as in training: a source gets EOS after it; a prompt

@@ -42,7 +42,7 @@ from lm_eval.utils import (
 )
 from tqdm import tqdm
 
-from jax_transformer import data, fields
+from jax_transformer import fields
 from jax_transformer.data.batching import markers
 from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
@@ -91,8 +91,7 @@ class JaxTransformerLM(TemplateLM):
     self.model = trained.model
     self.mesh = trained.mesh
     self.hf = trained.tokenizer.kind == 'huggingface'
-    self.stream = (not self.hf and data.spec_for(trained.config.data).lm_mode
-                   == 'stream')
+    self.stream = not self.hf and trained.stream
     self._bos, self._eos = markers(trained.tokenizer)
     self._batch_size = _positive_int('batch_size', batch_size)
     self._max_gen_toks = _positive_int('max_gen_toks', max_gen_toks)

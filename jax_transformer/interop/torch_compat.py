@@ -12,8 +12,9 @@ names the JAX parameters it is made of and how to convert both ways. Loading
 checks every key and shape before building anything.
 
 Beside the tensors: the reference model's constructor arguments
-(:func:`reference_kwargs`) and the Hugging Face ``GPT2Config`` of a GPT-2-shaped
-model, both ways (:func:`gpt2_hf_config`, :func:`model_fields_from_gpt2`).
+(:func:`reference_kwargs`). The Hugging Face ``GPT2Config`` of a GPT-2-shaped
+model, both ways, is ``hf_families``'s (``gpt2_hf_config``,
+``model_fields_from_gpt2``).
 """
 
 from __future__ import annotations
@@ -26,16 +27,13 @@ from flax import nnx
 
 # The table primitives and GPT-2's table live with the Hugging Face
 # families (interop/hf_families.py), which the trainer's init_from reads too.
-from jax_transformer.interop.hf_families import (  # noqa: F401
+from jax_transformer.interop.hf_families import (
   GPT2_BUFFERS as _GPT2_BUFFERS,
 )
-from jax_transformer.interop.hf_families import (  # noqa: F401
+from jax_transformer.interop.hf_families import (
   Entry,
   check_tensors,
   gpt2_entries,
-  gpt2_hf_config,
-  model_fields_from_gpt2,
-  with_gpt2_prefix,
 )
 from jax_transformer.interop.hf_families import head_entry as _head_entry
 from jax_transformer.interop.hf_families import joined as _joined

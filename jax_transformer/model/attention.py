@@ -25,17 +25,7 @@ from jax_transformer.model.layers import (
   rotate,
 )
 from jax_transformer.model.low_rank import project
-
-# Re-exported: the mask helpers lived here first.
-from jax_transformer.model.masks import (  # noqa: F401
-  Mask,
-  as_mask,
-  attention_args,
-  causal_mask,
-  combine,
-  padding_mask,
-  segment_mask,
-)
+from jax_transformer.model.masks import Mask, as_mask, attention_args
 from jax_transformer.model.sharding import constrain
 
 Array = jax.Array

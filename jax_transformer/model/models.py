@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer.model import attention as attn
-from jax_transformer.model import stack
+from jax_transformer.model import masks, stack
 from jax_transformer.model.attention import KVCache
 from jax_transformer.model.blocks import (
   ACTIVATION_AXES,
@@ -71,7 +71,7 @@ def real_tokens(mask: Array, length: int) -> Array:
 
 def key_mask(mask: Array | None, segments: Array | None,
              query_segments: Array | None = None,
-             causal: bool = False) -> attn.Mask:
+             causal: bool = False) -> masks.Mask:
   """Which keys each query may see, as structure.
 
   mask: [B, S] bool (True = real token), or [B] int lengths of right-padded
@@ -80,14 +80,14 @@ def key_mask(mask: Array | None, segments: Array | None,
   query_segments [B, T] when the queries are another sequence).
   """
   if segments is not None:
-    return attn.Mask(causal=causal, key_segments=segments,
+    return masks.Mask(causal=causal, key_segments=segments,
                      query_segments=(segments if query_segments is None
                                      else query_segments))
   if mask is None:
-    return attn.Mask(causal=causal)
+    return masks.Mask(causal=causal)
   if mask.ndim == 1:
-    return attn.Mask(causal=causal, key_lengths=mask)
-  return attn.Mask(causal=causal, dense_part=attn.padding_mask(mask))
+    return masks.Mask(causal=causal, key_lengths=mask)
+  return masks.Mask(causal=causal, dense_part=masks.padding_mask(mask))
 
 
 class _Transformer(nnx.Module):
@@ -180,11 +180,11 @@ class _Transformer(nnx.Module):
     slots = jnp.asarray(cache.index)[..., None] + jnp.arange(t)
     # Cache slots are not positions (a prompt's padding takes slots), so
     # this mask has no structure a kernel could use: it stays dense.
-    self_mask = attn.combine(
-        attn.causal_mask(slots, jnp.arange(cache.max_len)),
-        attn.padding_mask(valid))
+    self_mask = masks.combine(
+        masks.causal_mask(slots, jnp.arange(cache.max_len)),
+        masks.padding_mask(valid))
     memory_mask = (None if cache.memory_mask is None
-                   else attn.padding_mask(cache.memory_mask))
+                   else masks.padding_mask(cache.memory_mask))
     x = self._embed(ids, positions, None, True)
     keys, values = [], []
     for i, layer in enumerate(stack.unrolled(self._decoder_layers())):

@@ -26,6 +26,7 @@ from absl import logging
 from etils import epath
 
 from jax_transformer.errors import UsageError
+from jax_transformer.runtime import buckets
 
 # Object storage a run can live in, with what reaches it: epath's fsspec
 # filesystem (or TensorFlow's gfile, where installed) and the client Orbax
@@ -91,6 +92,18 @@ def check_backend(location: str, flag: str = '--workdir') -> None:
     raise UsageError(
         f'{flag}={location} needs {" and ".join(missing)} to reach '
         f'{kind}:// (pip install {" ".join(missing)}); nothing was written.')
+
+
+def check_reachable(location: str | os.PathLike,
+                    flag: str = '--workdir') -> None:
+  """check_backend, then, for gs://, whether the bucket answers: no
+  network, no credentials, no such bucket or no permission is refused in
+  one sentence within seconds (``buckets.check``), where the filesystem
+  would retry for a minute. What the doors (train.py, the scripts) call
+  on the locations they are given, before any other work."""
+  check_backend(os.fspath(location), flag)
+  if scheme(location) == 'gs':
+    buckets.check(location, flag)
 
 
 def path(location: str | os.PathLike, flag: str = '--workdir') -> epath.Path:

@@ -17,11 +17,11 @@ from jax.experimental import multihost_utils
 
 from jax_transformer import data, decoding
 from jax_transformer.data.batching import markers
-from jax_transformer.decoding import sampling
+from jax_transformer.decoding import inference, sampling
 from jax_transformer.experiment import EvalConfig
 from jax_transformer.runtime.workdir import WorkdirPaths
-from jax_transformer.train import evaluation
 from jax_transformer.train import metrics as metrics_lib
+from jax_transformer.train import scores
 
 
 class Evaluation:
@@ -49,7 +49,7 @@ class Evaluation:
     row = logged_row(run.workdir, run.step)
     try:
       row.update(self._evaluate_at(run))
-    except evaluation.Interrupted:
+    except scores.Interrupted:
       run.stop = self._preemption.reason
       return
     run.writer.write(run.step, row)  # replaces the row without evaluation
@@ -62,7 +62,7 @@ class Evaluation:
       return
     try:
       row.update(self._evaluate_at(run))
-    except evaluation.Interrupted:
+    except scores.Interrupted:
       # Saved without this evaluation; a run resumed from this step
       # finishes it first (``start``).
       run.stop = self._preemption.reason
@@ -113,19 +113,19 @@ def evaluate(eval_step, params, config: EvalConfig, tokenizer, mesh,
   first config.bleu_examples sentences.
 
   stop(count) -> True (checked between batches) abandons the evaluation:
-  raises evaluation.Interrupted.
+  raises scores.Interrupted.
   """
-  score = (evaluation.mixture_loss_metrics if config.data.mixture
-           else evaluation.loss_metrics)  # per source too (data/mixture.py)
+  score = (scores.mixture_loss_metrics if config.data.mixture
+           else scores.loss_metrics)  # per source too (data/mixture.py)
   metrics = score(eval_step, params, config.data, tokenizer, mesh,
                   (config.batch_size, config.seq_len),
                   max_batches=config.max_batches, stop=stop)
   n = config.bleu_examples
   if config.translation and n > 0 and setup is not None:
     if stop is not None and stop(0):
-      raise evaluation.Interrupted('stopped before the BLEU check')
+      raise scores.Interrupted('stopped before the BLEU check')
     params = multihost_utils.process_allgather(params, tiled=True)
-    metrics.update(evaluation.bleu_metrics(
+    metrics.update(scores.bleu_metrics(
         setup.model_def.merge(params), tokenizer, config.data, n,
         batch_size=config.batch_size))
   return metrics
@@ -174,7 +174,7 @@ def sample(setup, params, tokenizer, config: EvalConfig) -> str:
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))
-  stream = data.spec_for(config.data).lm_mode == 'stream'
+  stream = inference.streamed(config.data)
   # Nothing to continue: a stream starts a document after an EOS.
   row = data.lm_prompt(ids, stream, bos) or [eos]
   out = decoding.generate(model, [row], max_new_tokens=s.max_new_tokens,

@@ -183,7 +183,7 @@ def torch_config(trained: Trained) -> dict[str, Any]:
   c, tok = trained.model.config, trained.tokenizer
   if trained.kind == 'encoder_decoder':
     return torch_compat.reference_kwargs(c)
-  return torch_compat.gpt2_hf_config(c, bos_id=tok.bos_id, eos_id=tok.eos_id,
+  return hf_families.gpt2_hf_config(c, bos_id=tok.bos_id, eos_id=tok.eos_id,
                                      pad_id=tok.pad_id)
 
 
@@ -205,10 +205,10 @@ def _write_torch(trained: Trained, out: str) -> list[str]:
 def _write_hf(trained: Trained, out: str) -> list[str]:
   # The tokenizer puts BOS first where training rows began with it (all
   # but a stream LM's windows), as generate.py does.
-  stream = data.spec_for(trained.config.data).lm_mode == 'stream'
   return hf_export.write_folder(trained.model.config,
                                 params_lib.split(trained.model)[1],
-                                trained.tokenizer, out, add_bos=not stream)
+                                trained.tokenizer, out,
+                                add_bos=not trained.stream)
 
 
 def _write_safetensors(trained: Trained, out: str) -> list[str]:

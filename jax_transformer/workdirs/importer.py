@@ -40,16 +40,19 @@ import json
 import os
 from typing import Any, Iterator
 
-import jax
 import numpy as np
 
 from jax_transformer import data
 from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment import Experiment
-from jax_transformer.interop import hf_checkpoint, hf_tokenizer, torch_compat
+from jax_transformer.interop import (
+  hf_checkpoint,
+  hf_families,
+  hf_tokenizer,
+  torch_compat,
+)
 from jax_transformer.model import params as params_lib
-from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.storage import names
@@ -61,6 +64,7 @@ from jax_transformer.train import (
   run_plan,
   trainer,
 )
+from jax_transformer.workdirs import restore
 from jax_transformer.workdirs.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
@@ -122,7 +126,7 @@ def read_source(path: str) -> Source:
       meta = json.load(f)
     if meta.get('format') != TORCH_FORMAT:
       meta = {}
-  tensors = torch_compat.with_gpt2_prefix(tensors)
+  tensors = hf_families.with_gpt2_prefix(tensors)
   layout = meta.get('layout') or _guess_layout(path, tensors)
   kind = next(k for k, v in LAYOUTS.items() if v.name == layout)
   return Source(path, kind, layout, tensors, meta.get('model_config', {}),
@@ -173,9 +177,9 @@ def _read_hf_dir(path: str) -> Source:
   if not os.path.exists(os.path.join(path, 'tokenizer.json')):
     raise UsageError(f'{path} has no tokenizer.json; save its tokenizer '
                      'there with tokenizer.save_pretrained(...) first.')
-  fields, unsupported = torch_compat.model_fields_from_gpt2(hf)
+  fields, unsupported = hf_families.model_fields_from_gpt2(hf)
   return Source(path, 'decoder_lm', 'gpt2',
-                torch_compat.with_gpt2_prefix(_hf_weights(path)), fields, 0,
+                hf_families.with_gpt2_prefix(_hf_weights(path)), fields, 0,
                 tokenizers.HuggingFaceTokenizer.from_pretrained(path),
                 tuple(unsupported))
 
@@ -360,12 +364,6 @@ def reserved_id_notes(tokenizer) -> list[str]:
           'and generate.py stops at that EOS.']
 
 
-def local_mesh(setup) -> jax.sharding.Mesh:
-  """This host's devices on 'fsdp', as many as divide every parameter."""
-  return sharding.fsdp_mesh(setup.abstract_params,
-                            setup.model_def.logical_axes, jax.local_devices())
-
-
 def import_hf(folder: str, path: str, cfg: Experiment,
               workdir: str | WorkdirPaths,
               explicit: set[str] = frozenset()) -> Imported:
@@ -382,7 +380,8 @@ def import_hf(folder: str, path: str, cfg: Experiment,
   except ValueError as e:
     raise UsageError(str(e)) from None
   data_state = data.initial_state(cfg.train_batches)
-  plan = run_plan.build(cfg, local_mesh(setup), tokenizer.vocab_size, setup)
+  plan = run_plan.build(cfg, restore.local_mesh(setup), tokenizer.vocab_size,
+                        setup)
   state = init_from.Start(source, tokenizer).state(setup, cfg.seed,
                                                     plan.shardings)
   with staged(resolve(workdir)) as partial:

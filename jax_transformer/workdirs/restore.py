@@ -17,8 +17,8 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding
 
 from jax_transformer.data import corpus
-from jax_transformer.data.sources import spec_for
 from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
+from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
 from jax_transformer.interop import hf_checkpoint
@@ -214,28 +214,34 @@ def inference_mesh(workdir: Workdir, devices: Sequence[jax.Device] | None
   1. the training run's ``config.mesh`` sizes, when they multiply to the
      number of devices here (a -1 takes the rest: ``fsdp=-1``, as in
      ``lm_7b``, spreads the parameters over all of them);
-  2. every device on ``'fsdp'`` (parameters split along their ``'embed'``
+  2. else :func:`local_mesh`: as many of the devices on ``'fsdp'`` as
+     divide every parameter (parameters split along their ``'embed'``
      dimension, the rest replicated), when the training mesh needs more
-     (or other) devices than this host has;
-  3. the first k devices on ``'fsdp'``, k the largest divisor of their
-     number that divides the parameters (1 at worst).
+     (or other) devices than this host has.
   """
   devices = list(jax.local_devices() if devices is None else devices)
-  shapes = {k: v.shape for k, v in workdir.setup.abstract_params.items()}
-  specs = sharding.param_specs(workdir.setup.model_def.logical_axes)
   trained_on = {axis: getattr(workdir.config.mesh, axis)
                 for axis in sharding.MESH_AXES}
-  candidates = [(trained_on, devices)]
-  candidates += [({'data': 1, 'fsdp': k, 'tensor': 1}, devices[:k])
-                 for k in range(len(devices), 0, -1) if len(devices) % k == 0]
-  for sizes, chosen in candidates:
-    try:
-      mesh = sharding.make_mesh(sizes, chosen)
-      sharding.check_divisible(shapes, specs, mesh)
-    except UsageError:
-      continue
-    return mesh
-  raise AssertionError('unreachable: one device fits any parameters')
+  try:
+    mesh = sharding.make_mesh(trained_on, devices)
+    sharding.check_divisible(
+        {k: v.shape for k, v in workdir.setup.abstract_params.items()},
+        sharding.param_specs(workdir.setup.model_def.logical_axes), mesh)
+  except UsageError:
+    return local_mesh(workdir.setup, devices)
+  return mesh
+
+
+def local_mesh(setup: model_setup.Setup,
+               devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """This host's devices (or ``devices``) on 'fsdp', the first k, k the
+  largest divisor of their number that divides every parameter (1 at
+  worst): where a model is placed that no training mesh places (a Hugging
+  Face folder, read or imported), and a workdir whose training mesh does
+  not fit here."""
+  return sharding.fsdp_mesh(
+      setup.abstract_params, setup.model_def.logical_axes,
+      list(jax.local_devices() if devices is None else devices))
 
 
 def load(path: str | WorkdirPaths, step: int | None = None,
@@ -269,8 +275,7 @@ class Trained:
   def stream(self) -> bool:
     """A language model trained on a token stream: its prompts take no
     BOS (``decoding.inference.layout``)."""
-    return (self.kind == 'decoder_lm'
-            and spec_for(self.config.data).lm_mode == 'stream')
+    return self.kind == 'decoder_lm' and inference.streamed(self.config.data)
 
 
 def load_model(workdir: str | WorkdirPaths, step: int | None = None,
@@ -309,9 +314,7 @@ def load_hf_folder(folder: str, given: str, step: int | None = None,
     setup = model_setup.build_model(cfg, tokenizer.vocab_size)
   except ValueError as e:  # a field out of range, said in one sentence
     raise UsageError(str(e)) from None
-  devices = list(jax.local_devices() if devices is None else devices)
-  mesh = sharding.fsdp_mesh(setup.abstract_params,
-                            setup.model_def.logical_axes, devices)
+  mesh = local_mesh(setup, devices)
   specs = sharding.param_specs(setup.model_def.logical_axes)
   params = source.place(setup.model_config,
                         {k: NamedSharding(mesh, specs[k]) for k in specs})

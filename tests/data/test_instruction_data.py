@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jax_transformer import data
-from jax_transformer.data import batching, chat, files
+from jax_transformer.data import batching, chat, files, splits
 from jax_transformer.errors import UsageError
 from jax_transformer.train import steps
 
@@ -56,7 +56,7 @@ def test_completions_alone_carry_loss_weight(tmp_path, records):
   write_jsonl(path, records)
   cfg = cfg_for(tmp_path, path)
   prepared = data.prepare_for(cfg)
-  assert pipeline_is_instruction(prepared.spec)
+  assert splits.is_instruction(prepared.spec)
   tok = prepared.tokenizer
   for split in ('train', 'validation'):
     b = first_batch(cfg, prepared, split)
@@ -87,11 +87,6 @@ def fixed_template(messages):
                    for m in messages[:-1])
   return {'prompt': prompt + '<|assistant|>\n',
           'completion': messages[-1]['content']}
-
-
-def pipeline_is_instruction(spec):
-  from jax_transformer.data import pipeline
-  return pipeline.is_instruction(spec)
 
 
 def forward_weights(b):

@@ -15,7 +15,7 @@ from jax_transformer.data import mixture
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import DataConfig
 from jax_transformer.runtime import faults
-from jax_transformer.train import evaluation
+from jax_transformer.train import scores
 
 
 def write_texts(root, letter, n=4):
@@ -104,7 +104,7 @@ def test_evaluation_scores_each_source_and_all_together(two_sources):
     return {'nll': nll, 'tokens': jnp.sum(scored)}
 
   mesh = jax.make_mesh((8, 1), ('data', 'fsdp'))
-  row = evaluation.mixture_loss_metrics(
+  row = scores.mixture_loss_metrics(
       eval_step, None, DataConfig.of(cfg), tokenizer, mesh, (8, 16))
   assert set(row) == {'eval_loss', 'eval_perplexity', 'eval_loss/a',
                       'eval_perplexity/a', 'eval_loss/b',

@@ -12,7 +12,7 @@ from torch_helpers import load_module, n, randomize, t
 import jax_transformer as jt
 from jax_transformer.interop import torch_compat as tc
 from jax_transformer.interop.torch_reference import TorchTransformer
-from jax_transformer.model import attention as attn
+from jax_transformer.model import masks
 from jax_transformer.model.blocks import DecoderLayer, EncoderLayer
 
 BASE = jt.ModelConfig(vocab_size=61, d_model=32, num_heads=4, d_ff=64,
@@ -56,7 +56,7 @@ def test_encoder_layer_matches_torch(norm_first):
   x = np.random.RandomState(0).randn(2, 7, 32).astype(np.float32)
   real = np.array([[1] * 7, [1] * 5 + [0] * 2], bool)
   want = n(layer(t(x), src_key_padding_mask=t(~real)))
-  got = ours(jnp.asarray(x), attn.padding_mask(jnp.asarray(real)),
+  got = ours(jnp.asarray(x), masks.padding_mask(jnp.asarray(real)),
              jnp.broadcast_to(jnp.arange(7), (2, 7)))
   np.testing.assert_allclose(np.asarray(got)[real], want[real], atol=1e-5)
 
@@ -77,10 +77,10 @@ def test_decoder_layer_matches_torch(norm_first):
                  tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(5),
                  memory_key_padding_mask=t(~src_real)))
   got, cache = ours(
-      jnp.asarray(x), attn.causal_mask(jnp.arange(5), jnp.arange(5)),
+      jnp.asarray(x), masks.causal_mask(jnp.arange(5), jnp.arange(5)),
       jnp.broadcast_to(jnp.arange(5), (2, 5)),
       memory_kv=ours.cross_attn.project_kv(jnp.asarray(mem)),
-      memory_mask=attn.padding_mask(jnp.asarray(src_real)))
+      memory_mask=masks.padding_mask(jnp.asarray(src_real)))
   assert cache is None
   np.testing.assert_allclose(got, want, atol=1e-5)
 

@@ -12,6 +12,7 @@ from torch_helpers import load_module, n, randomize, t
 import jax_transformer as jt
 from jax_transformer.interop import torch_compat as tc
 from jax_transformer.model import attention as attn
+from jax_transformer.model import masks
 
 CONFIG = jt.ModelConfig(vocab_size=50, d_model=16, num_heads=4, d_ff=32)
 
@@ -31,9 +32,9 @@ def test_self_attention_matches_torch(causal):
   want, _ = mha(t(x), t(x), t(x), key_padding_mask=t(~real),
                 attn_mask=(torch.nn.Transformer.generate_square_subsequent_mask(
                     6) if causal else None), need_weights=False)
-  mask = attn.combine(
-      attn.padding_mask(jnp.asarray(real)),
-      attn.causal_mask(jnp.arange(6), jnp.arange(6)) if causal else None)
+  mask = masks.combine(
+      masks.padding_mask(jnp.asarray(real)),
+      masks.causal_mask(jnp.arange(6), jnp.arange(6)) if causal else None)
   got = ours(jnp.asarray(x), mask)
   np.testing.assert_allclose(got, n(want), atol=1e-5)
 
@@ -50,7 +51,7 @@ def test_cross_attention_matches_torch():
                 need_weights=False)
   k, v = ours.project_kv(jnp.asarray(mem))
   got = ours.attend(ours.project_query(jnp.asarray(x)), k, v,
-                    attn.padding_mask(jnp.asarray(real)))
+                    masks.padding_mask(jnp.asarray(real)))
   np.testing.assert_allclose(got, n(want), atol=1e-5)
 
 
@@ -63,7 +64,7 @@ def test_grouped_query_attention_matches_torch_sdpa():
   want = F.scaled_dot_product_attention(
       t(q).transpose(1, 2), t(k).transpose(1, 2), t(v).transpose(1, 2),
       is_causal=True, enable_gqa=True).transpose(1, 2)
-  mask = attn.causal_mask(jnp.arange(5), jnp.arange(5))
+  mask = masks.causal_mask(jnp.arange(5), jnp.arange(5))
   got = jax.nn.dot_product_attention(q, k, v, mask=mask)
   np.testing.assert_allclose(got, n(want), atol=1e-5)
   # The explicit (dropout) path groups heads the same way.
@@ -77,7 +78,7 @@ def test_seed_worked_example_causal_weights():
   torch.manual_seed(7)
   x = jnp.asarray(n(torch.randn(3, 4)))[None, :, None, :]
   weights = attn.attention_weights(
-      x, x, attn.causal_mask(jnp.arange(3), jnp.arange(3)))
+      x, x, masks.causal_mask(jnp.arange(3), jnp.arange(3)))
   expected = [[1.0, 0.0, 0.0], [0.018, 0.982, 0.0], [0.074, 0.33, 0.595]]
   np.testing.assert_allclose(np.round(weights[0, 0], 3), expected, atol=1e-9)
 
@@ -97,7 +98,7 @@ def test_attention_dropout_path_is_used_in_training():
 
 def test_segment_mask_blocks_other_segments_and_padding():
   seg = jnp.array([[1, 1, 2, 2, 0]])
-  m = attn.segment_mask(seg, seg)[0, 0]
+  m = masks.segment_mask(seg, seg)[0, 0]
   assert m.shape == (5, 5)
   assert bool(m[0, 1]) and bool(m[2, 3])
   assert not bool(m[1, 2]) and not bool(m[2, 1]) and not m[:, 4].any()

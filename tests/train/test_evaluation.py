@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and jax_transformer.train.evaluation: BLEU as sacrebleu
+"""scripts/evaluate.py and jax_transformer.train.scores: BLEU as sacrebleu
 scores the written files, LM loss as an independent computation, checkpoint
 averaging, batched translation equal to one-by-one decoding, bad input."""
 
@@ -17,9 +17,10 @@ import sacrebleu
 
 from jax_transformer import data, decoding
 from jax_transformer.cli import load_config
+from jax_transformer.data import splits
 from jax_transformer.data import testing as data_testing
 from jax_transformer.model import sharding
-from jax_transformer.train import evaluation, trainer
+from jax_transformer.train import scores, trainer
 from jax_transformer.workdirs import restore
 
 PLAYS = ('macbeth',)
@@ -83,16 +84,16 @@ def test_training_logged_bleu(ende_workdir):
 @pytest.mark.slow
 def test_bleu_equals_sacrebleu_on_the_written_files(ende_workdir,
                                                     monkeypatch):
-  translate = evaluation.translate
+  translate = scores.translate
 
   def half_right(model, tokenizer, sources, **kwargs):
     # Half the outputs are the references, so the score is far from 0.
     hyps = translate(model, tokenizer, sources, **kwargs)
-    _, refs = evaluation.split_texts(restore.open_workdir(
+    _, refs = scores.split_texts(restore.open_workdir(
         ende_workdir).config.data, 'validation', len(sources))
     return [r if i % 2 else h for i, (h, r) in enumerate(zip(hyps, refs))]
 
-  monkeypatch.setattr(evaluation, 'translate', half_right)
+  monkeypatch.setattr(scores, 'translate', half_right)
   code, out, err = run_script('--workdir', ende_workdir, '--max_examples', 12,
                               '--beam_size', 2, '--batch_size', 8)
   assert code == 0, err
@@ -124,8 +125,8 @@ def test_batched_translation_equals_one_by_one(ende_workdir):
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:2])
   model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
-  sources, _ = evaluation.split_texts(wd.config.data, 'validation', 10)
-  batched = evaluation.translate(model, wd.tokenizer, sources, batch_size=4,
+  sources, _ = scores.split_texts(wd.config.data, 'validation', 10)
+  batched = scores.translate(model, wd.tokenizer, sources, batch_size=4,
                                  mesh=mesh)
   for text, got in zip(sources, batched):
     ids = data.translation_source(wd.tokenizer.encode(text))
@@ -145,7 +146,7 @@ def test_lm_perplexity_equals_independent_mean_token_loss(lm_workdir):
   mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1},
                             jax.devices()[:1])
   model = wd.model(restore.restore_params(wd, [wd.steps[-1]], mesh))
-  tokens = data.pipeline.stream_tokens(
+  tokens = splits.stream_tokens(
       data.load_source('shakespeare', 'validation', wd.config.data.data_dir),
       data.get_spec('shakespeare'), wd.tokenizer)
   t = wd.config.seq_len

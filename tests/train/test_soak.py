@@ -1,5 +1,6 @@
 """scripts/soak.py: training killed at random moments and resumed ends bit
-for bit where an uninterrupted run does; its comparisons catch one bit."""
+for bit where an uninterrupted run does; its comparisons
+(jax_transformer/bench/resumed.py) catch one bit."""
 
 import random
 import signal
@@ -11,6 +12,7 @@ import script_helpers
 import xla_flags
 
 from jax_transformer import data
+from jax_transformer.bench import resumed
 
 
 @pytest.fixture(scope='module')
@@ -25,33 +27,33 @@ def _state(flip: bool = False):
   return {'params': {'w': w}, 'step': np.int32(4)}
 
 
-def test_one_flipped_bit_or_other_data_position_is_caught(soak):
+def test_one_flipped_bit_or_other_data_position_is_caught():
   reference = (_state(), {'position': 4})
-  soak.compare_states(reference, (_state(), {'position': 4}), 'run')
-  with pytest.raises(soak.SoakFailure,
+  resumed.compare_states(reference, (_state(), {'position': 4}), 'run')
+  with pytest.raises(resumed.SoakFailure,
                      match=r"run: \['params'\]\['w'\] differs"):
-    soak.compare_states(reference, (_state(flip=True), {'position': 4}),
+    resumed.compare_states(reference, (_state(flip=True), {'position': 4}),
                         'run')
-  with pytest.raises(soak.SoakFailure, match='data position differs'):
-    soak.compare_states(reference, (_state(), {'position': 5}), 'run')
+  with pytest.raises(resumed.SoakFailure, match='data position differs'):
+    resumed.compare_states(reference, (_state(), {'position': 5}), 'run')
 
 
-def test_every_logged_loss_must_repeat_exactly(soak):
+def test_every_logged_loss_must_repeat_exactly():
   reference = [{'step': 1, 'loss': 2.0, 'step_time_s': 0.5},
                {'step': 2, 'loss': 1.5, 'eval_loss': 1.25}]
   relogged = reference[:1] + [{'step': 1, 'loss': 2.0, 'step_time_s': 0.1},
                               reference[1]]
-  soak.compare_metrics(reference, relogged, 'run')  # timings may differ
+  resumed.compare_metrics(reference, relogged, 'run')  # timings may differ
   changed = relogged[:2] + [dict(reference[1], eval_loss=1.2500001)]
-  with pytest.raises(soak.SoakFailure, match='eval_loss at step 2'):
-    soak.compare_metrics(reference, changed, 'run')
-  with pytest.raises(soak.SoakFailure, match='steps logged differ'):
-    soak.compare_metrics(reference, reference[:1], 'run')
+  with pytest.raises(resumed.SoakFailure, match='eval_loss at step 2'):
+    resumed.compare_metrics(reference, changed, 'run')
+  with pytest.raises(resumed.SoakFailure, match='steps logged differ'):
+    resumed.compare_metrics(reference, reference[:1], 'run')
   # An evaluation cut by a stop signal passes only when a restart logs it.
   cut = [reference[0], {'step': 2, 'loss': 1.5}]
-  with pytest.raises(soak.SoakFailure, match='eval_loss at step 2 is None'):
-    soak.compare_metrics(reference, cut, 'run')
-  soak.compare_metrics(reference, cut + [reference[1]], 'run')
+  with pytest.raises(resumed.SoakFailure, match='eval_loss at step 2 is None'):
+    resumed.compare_metrics(reference, cut, 'run')
+  resumed.compare_metrics(reference, cut + [reference[1]], 'run')
 
 
 def test_a_seed_fixes_every_kill(soak):

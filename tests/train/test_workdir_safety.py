@@ -26,9 +26,9 @@ from jax_transformer.model.params import split
 from jax_transformer.runtime import faults, storage
 from jax_transformer.train import (
   checkpoint,
-  evaluation,
   metrics,
   perf,
+  scores,
   trainer,
 )
 from jax_transformer.workdirs import restore
@@ -357,8 +357,8 @@ def test_loss_metrics_stops_between_batches_when_asked(tmp_path):
   mesh = jax.make_mesh((jax.device_count(), 1, 1), ('data', 'fsdp', 'tensor'))
   step = lambda params, batch: {'nll': jnp.float32(1.0),  # noqa: E731
                                 'tokens': jnp.float32(1.0)}
-  with pytest.raises(evaluation.Interrupted):
-    evaluation.loss_metrics(step, {}, Experiment.of(cfg).data,
+  with pytest.raises(scores.Interrupted):
+    scores.loss_metrics(step, {}, Experiment.of(cfg).data,
                             prepared.tokenizer, mesh,
                             (cfg.eval_batch_size, cfg.seq_len),
                             max_batches=4, stop=stop)

@@ -1,8 +1,9 @@
 """Scoring a trained model: BLEU and chrF for translation, loss, perplexity
 and bits per byte (or character) for language models.
 
-Used by ``scripts/evaluate.py`` and by the trainer's periodic evaluation, so
-the two compute the same numbers the same way.
+Used by ``scripts/evaluate.py`` and by the trainer's periodic evaluation
+(``evaluating``, its hooks), so the two compute the same numbers the same
+way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from tqdm import tqdm
 
 from jax_transformer import data
+from jax_transformer.data import splits
 from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import DataConfig
@@ -168,7 +170,7 @@ def split_texts(data_cfg: DataConfig, split: str,
                 ) -> tuple[list[str], list[str]]:
   """(sources, references) of a translation split, in stored order."""
   spec = data.spec_for(data_cfg)
-  src_key, tgt_key = data.pipeline.translation_keys(
+  src_key, tgt_key = splits.translation_keys(
       spec, data_cfg.direction)
   source = data.load_source(spec, split, data_cfg.data_dir)
   n = len(source) if max_examples is None else min(max_examples, len(source))
@@ -208,8 +210,8 @@ def bleu_metrics(model, tokenizer, data_cfg: DataConfig,
   trainer's periodic check; scripts/evaluate.py scores whole splits)."""
   sources, refs = split_texts(data_cfg, data_cfg.eval_split, num_examples)
   hyps = translate(model, tokenizer, sources, batch_size=batch_size)
-  scores = bleu_and_chrf(hyps, refs)
-  return {'eval_bleu': scores['bleu'], 'eval_chrf': scores['chrf']}
+  both = bleu_and_chrf(hyps, refs)
+  return {'eval_bleu': both['bleu'], 'eval_chrf': both['chrf']}
 
 
 def _progress(items: Iterable, **kwargs):
