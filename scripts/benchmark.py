@@ -82,7 +82,7 @@ import os
 import sys
 
 from jax_transformer import cli
-from jax_transformer.bench import record, timing
+from jax_transformer.bench import timing
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
@@ -133,7 +133,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--clients', default='1,8,32',
                  help='serve: numbers of concurrent clients, comma-separated')
   p.add_argument('--output', help='also append the JSON lines here')
-  p.add_argument('--record', default=str(record.MEASURED),
+  p.add_argument('--record', default=None,
                  help='the benchmark record this run is appended to '
                  '(docs/records/measured.jsonl: the docs\' tables are made '
                  'from it by scripts/report.py)')
@@ -285,6 +285,8 @@ def main(argv=None) -> int:
         f.write(line + '\n')
   print(table(rows), file=sys.stderr)
   if not args.no_record:
+    from jax_transformer.bench import record  # pylint: disable=g-import-not-at-top
+    args.record = args.record or str(record.MEASURED)
     record.append(record.make(
         args.suite, rows, sys.argv[1:] if argv is None else list(argv),
         args.rounds, load_before, timing.load_average()), args.record)

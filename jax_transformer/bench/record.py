@@ -24,6 +24,8 @@ import statistics
 import subprocess
 from typing import Any, Iterable
 
+import jax
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MEASURED = ROOT / 'docs' / 'records' / 'measured.jsonl'
 
@@ -60,7 +62,6 @@ def machine() -> dict[str, Any]:
 
 
 def _accelerator() -> str | None:
-  import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   if device.platform == 'cpu':
     return None
