@@ -19,6 +19,7 @@ from __future__ import annotations
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.harness import backend, tasks
+from jax_transformer.model import families
 from jax_transformer.workdirs import restore
 
 
@@ -37,7 +38,7 @@ def settings_of(cfg: Experiment) -> tasks.Settings | None:
   if h.batch_size is not None and h.batch_size < 1:
     raise UsageError('config.eval_harness.batch_size must be a positive '
                      f'integer, got {h.batch_size!r}.')
-  if cfg.model_kind != 'decoder_lm':
+  if families.family(cfg.model_kind).has_source:
     raise UsageError('config.eval_harness scores decoder-only language '
                      'models; an encoder-decoder is scored by the run\'s '
                      'own evaluation (BLEU and chrF).')

@@ -47,7 +47,12 @@ from jax_transformer import data
 from jax_transformer.data import batching, tokenizers
 from jax_transformer.errors import UsageError, first_line
 from jax_transformer.experiment import Experiment
-from jax_transformer.interop import hf_checkpoint, hf_tokenizer, torch_compat
+from jax_transformer.interop import (
+  hf_checkpoint,
+  hf_tokenizer,
+  torch_compat,
+  torch_layouts,
+)
 from jax_transformer.model import params as params_lib
 from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
@@ -65,7 +70,6 @@ from jax_transformer.workdirs.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
   HF_WEIGHTS,
-  LAYOUTS,
   SAFETENSORS_FORMAT,
   TOKENIZER_SUFFIX,
   TORCH_FORMAT,
@@ -124,7 +128,7 @@ def read_source(path: str) -> Source:
       meta = {}
   tensors = torch_compat.with_gpt2_prefix(tensors)
   layout = meta.get('layout') or _guess_layout(path, tensors)
-  kind = next(k for k, v in LAYOUTS.items() if v.name == layout)
+  kind = torch_layouts.kind_of(layout)
   return Source(path, kind, layout, tensors, meta.get('model_config', {}),
                 int(meta.get('step', 0)), tokenizer)
 
@@ -250,7 +254,8 @@ def build_params(source: Source, model_config: ModelConfig):
           source.tensors, build(source.kind, model_config),
           model_config.params_dtype)
     else:
-      model = LAYOUTS[source.kind].from_torch(source.tensors, model_config)
+      model = torch_layouts.of_kind(source.kind).from_torch(source.tensors,
+                                                            model_config)
   except ValueError as e:
     raise UsageError(f'{source.path}: {e}') from None
   return params_lib.split(model)[1]

@@ -22,7 +22,7 @@ from jax_transformer.data.tokenizers import fingerprint, load_tokenizer
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment, base_config
 from jax_transformer.interop import hf_checkpoint
-from jax_transformer.model import sharding
+from jax_transformer.model import families, sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
   TOKENIZER_DIR,
@@ -266,10 +266,15 @@ class Trained:
     return self.config.model_kind
 
   @property
+  def family(self) -> families.Family:
+    """The record of the model's kind."""
+    return families.family(self.kind)
+
+  @property
   def stream(self) -> bool:
     """A language model trained on a token stream: its prompts take no
     BOS (``decoding.inference.layout``)."""
-    return (self.kind == 'decoder_lm'
+    return (not self.family.has_source
             and spec_for(self.config.data).lm_mode == 'stream')
 
 

@@ -14,11 +14,12 @@ from jax_transformer.model.config import gpt2_small, transformer_base
 
 
 def tiny_cases():
-  encdec = dict(name='tiny_encdec', batch=2, src_len=8, tgt_len=8,
+  encdec = dict(name='tiny_encdec', kind='encoder_decoder', batch=2,
+                src_len=8, tgt_len=8,
                 config=transformer_base(vocab_size=40, d_model=16,
                                         num_heads=2, num_encoder_layers=1,
                                         num_decoder_layers=1, d_ff=32))
-  lm = dict(name='tiny_lm', batch=2, src_len=0, tgt_len=8,
+  lm = dict(name='tiny_lm', kind='decoder_lm', batch=2, src_len=0, tgt_len=8,
             config=gpt2_small(vocab_size=40, d_model=16, num_heads=2,
                               num_decoder_layers=1, d_ff=32, max_len=16,
                               activation='gelu'))
