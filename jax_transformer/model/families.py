@@ -164,12 +164,13 @@ def family_of(model) -> Family:
                   f'{type(model).__name__}.')
 
 
-DECODER_LM = register(Family(
-    kind='decoder_lm', class_path='jax_transformer.model.models:DecoderLM',
-    has_source=False, loss_call=_lm_loss_call, empty_cache=_lm_cache,
-    torch_layout='gpt2'))
+# The paper's model first: errors name the classes in this order.
 ENCODER_DECODER = register(Family(
     kind='encoder_decoder',
     class_path='jax_transformer.model.models:EncoderDecoder',
     has_source=True, loss_call=_translation_loss_call,
     empty_cache=_translation_cache, torch_layout='reference'))
+DECODER_LM = register(Family(
+    kind='decoder_lm', class_path='jax_transformer.model.models:DecoderLM',
+    has_source=False, loss_call=_lm_loss_call, empty_cache=_lm_cache,
+    torch_layout='gpt2'))

@@ -51,8 +51,8 @@ def test_an_unknown_kind_is_refused_in_one_sentence():
                           "'encoder_decoder'], got 'bert'.")
   with pytest.raises(TypeError) as e:
     families.family_of(object())
-  assert str(e.value) == ('model must be a jax_transformer DecoderLM or '
-                          'EncoderDecoder, got object.')
+  assert str(e.value) == ('model must be a jax_transformer EncoderDecoder '
+                          'or DecoderLM, got object.')
 
 
 def test_register_adds_a_family_and_refuses_a_taken_kind(monkeypatch):
