@@ -91,7 +91,10 @@ class Inputs(NamedTuple):
 def prepare(model, prompt_ids, prompt_mask, src_ids, src_mask, *,
              pad_id: int, bos_id: int, eos_id: int | None) -> Inputs:
   """Checks everything about the inputs that can be known before tracing."""
-  has_source = family_of(model).has_source  # TypeError for another model
+  record = family_of(model)  # TypeError for an object no family builds
+  if record.empty_cache is None:
+    raise UsageError(f'A {type(model).__name__} does not generate text.')
+  has_source = record.has_source
   vocab = model.config.vocab_size
   check_id('pad_id', pad_id, vocab)
   check_id('bos_id', bos_id, vocab)

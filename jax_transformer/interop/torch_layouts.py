@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
+from jax_transformer.errors import UsageError
 from jax_transformer.interop import torch_compat
 from jax_transformer.model import families
 from jax_transformer.model.config import ModelConfig
@@ -65,8 +66,13 @@ LAYOUTS = {layout.name: layout for layout in (
 
 
 def of_kind(kind: str) -> Layout:
-  """The layout of the family ``kind`` (UsageError for an unknown kind)."""
-  return LAYOUTS[families.family(kind).torch_layout]
+  """The layout of the family ``kind``; UsageError for an unknown kind or
+  a family without a PyTorch layout."""
+  name = families.family(kind).torch_layout
+  if name is None:
+    raise UsageError(f'A {kind} model has no PyTorch layout; export it as '
+                     '--format safetensors.')
+  return LAYOUTS[name]
 
 
 def kind_of(name: str) -> str:

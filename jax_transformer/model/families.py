@@ -51,16 +51,16 @@ class Family:
     format of ``data.batching`` this family trains on.
   empty_cache: (model, batch size B, src [B, S] or None, src_mask or None,
     cache_len) -> the KV cache decoding starts from (a source is encoded
-    into it once).
+    into it once); None for a family that does not generate text.
   torch_layout: the name of its PyTorch layout in
-    ``interop.torch_layouts.LAYOUTS``.
+    ``interop.torch_layouts.LAYOUTS``; None for a family without one.
   """
   kind: str
   class_path: str
   has_source: bool
   loss_call: Callable[[Batch, RowMasks], ModelCall]
-  empty_cache: Callable[..., Any]
-  torch_layout: str
+  empty_cache: Callable[..., Any] | None = None
+  torch_layout: str | None = None
 
   @property
   def model_class(self) -> type:
@@ -154,8 +154,12 @@ def family(kind: str) -> Family:
 
 
 def family_of(model) -> Family:
-  """The family whose class ``model`` is an instance of; TypeError for an
+  """The family of ``model``'s own class, else of the first class it
+  derives from (a family may subclass another's model); TypeError for an
   object no family builds."""
+  for record in FAMILIES.values():
+    if type(model) is record.model_class:
+      return record
   for record in FAMILIES.values():
     if isinstance(model, record.model_class):
       return record

@@ -66,6 +66,25 @@ def test_register_adds_a_family_and_refuses_a_taken_kind(monkeypatch):
     families.register(families.DECODER_LM)
 
 
+class Scorer(DecoderLM):
+  """A family of its own on DecoderLM's code, that neither decodes nor
+  exports to PyTorch."""
+
+
+def test_a_family_without_decoding_or_layout_is_refused_there(monkeypatch):
+  from jax_transformer import decoding
+  monkeypatch.setattr(families, 'FAMILIES', dict(families.FAMILIES))
+  scorer = families.register(families.Family(
+      kind='scorer', class_path=f'{__name__}:Scorer', has_source=False,
+      loss_call=families.DECODER_LM.loss_call))
+  model = Scorer(gpt2_small(num_decoder_layers=1, **TINY), nnx.Rngs(0))
+  assert families.family_of(model) is scorer  # its own class, not its base's
+  with pytest.raises(UsageError, match='^A Scorer does not generate text.$'):
+    decoding.generate(model, [[1]], max_new_tokens=1)
+  with pytest.raises(UsageError, match='^A scorer model has no PyTorch '):
+    torch_layouts.of_kind('scorer')
+
+
 # Tests of a model's family by its class or its kind's name; outside
 # model/ every room asks the record (family, family_of) instead.
 CHOICE_BY_KIND = re.compile(
