@@ -105,8 +105,9 @@ def test_cli_refuses_what_it_cannot_run_in_one_sentence(args, message):
 def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   from jax_transformer.bench import gpu
   monkeypatch.setitem(gpu.ITEMS, 'tiny', dict(
-      kind='lm', fields=dict(vocab_size=64, d_model=32, num_heads=2,
-                             num_decoder_layers=1, d_ff=64, max_len=16),
+      kind='decoder_lm', fields=dict(vocab_size=64, d_model=32, num_heads=2,
+                                     num_decoder_layers=1, d_ff=64,
+                                     max_len=16),
       batch=2, seq=16))
   row = gpu.measure('tiny', steps=2, seconds=5.0)
   assert row['timed_steps'] == 2 and row['step_s'] > 0
