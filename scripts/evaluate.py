@@ -49,6 +49,7 @@ from typing import Sequence
 
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
+from jax_transformer.model import families
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import resolve
 
@@ -203,7 +204,7 @@ def run_harness(args: argparse.Namespace) -> dict:
   if not hf and not resolve(args.workdir).root.is_dir():
     raise UsageError(f'--workdir {args.workdir} is not a directory; give a '
                      'training workdir or a Hugging Face folder.')
-  if _kind_of(args.workdir) != 'decoder_lm':
+  if families.family(_kind_of(args.workdir)).has_source:
     raise UsageError(backend.ENCODER_DECODER)
   # Before the model is read: an unknown task or unreachable data costs
   # no restore.
@@ -262,7 +263,7 @@ def run(args: argparse.Namespace) -> dict:
   mesh = restore.inference_mesh(wd)  # the training mesh, on this host
   sharding.check_batch(args.batch_size, mesh)
   params = restore.restore_params(wd, chosen, mesh)
-  translation = cfg.model_kind == 'encoder_decoder'
+  translation = families.family(cfg.model_kind).has_source
   try:
     metrics, files = (evaluate_translation if translation else evaluate_lm)(
         wd, params, mesh, args, split)

@@ -57,7 +57,7 @@ from jax_transformer.data import chat
 from jax_transformer.decoding import inference, quantize
 from jax_transformer.decoding.sampling import Sampler, greedy
 from jax_transformer.errors import UsageError
-from jax_transformer.model.models import EncoderDecoder
+from jax_transformer.model.families import family_of
 from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import resolve
 
@@ -168,7 +168,7 @@ def translate_batch(model, tokenizer, texts: Sequence[str],
       alpha=args.alpha, sampler=make_sampler(args),
       key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
       batch_size=args.batch_size, progress=progress, mesh=mesh)
-  if isinstance(model, EncoderDecoder):
+  if family_of(model).has_source:  # a translation replaces its source
     return outputs
   return [text + out if out or not inference.is_blank(text) else ''
           for text, out in zip(texts, outputs)]

@@ -108,12 +108,12 @@ def model_name(args: argparse.Namespace) -> str:
 def build(args: argparse.Namespace):
   """(Served, seconds spent compiling, program count): the model loaded,
   its engine compiled and started."""
-  from jax_transformer.model.models import EncoderDecoder  # pylint: disable=g-import-not-at-top
+  from jax_transformer.model.families import family_of  # pylint: disable=g-import-not-at-top
   from jax_transformer.serving.api import Served  # pylint: disable=g-import-not-at-top
   from jax_transformer.serving.engine import Engine  # pylint: disable=g-import-not-at-top
   from jax_transformer.workdirs import restore  # pylint: disable=g-import-not-at-top
   trained = restore.load_model(args.workdir)
-  if isinstance(trained.model, EncoderDecoder):
+  if family_of(trained.model).has_source:
     raise UsageError(f'--workdir {args.workdir} holds an encoder-decoder; '
                      'the server answers with a decoder-only language '
                      'model (translate with generate.py).')

@@ -41,7 +41,7 @@ from flax import nnx
 from jax_transformer.bench.step import make_batch
 from jax_transformer.compile import step_model
 from jax_transformer.model.config import gpt2_small, transformer_base
-from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.families import family
 from jax_transformer.model.params import split
 from jax_transformer.train import model_setup, perf
 from jax_transformer.train import steps as steps_lib
@@ -53,21 +53,23 @@ _350M = dict(d_model=1024, num_heads=16, num_decoder_layers=24, d_ff=4096)
 _PLAIN = dict(attention_implementation='xla')
 _FUSED = dict(attention_implementation='auto')
 _SCAN = dict(_FUSED, scan_layers=True, remat='dots')
+# Items name their model kind (a key of model.families.FAMILIES).
+_LM = 'decoder_lm'
 ITEMS = {
-    'gpt2_124m': dict(kind='lm', fields=_PLAIN, batch=16, seq=1024),
-    'gpt2_124m_fused': dict(kind='lm', fields=_FUSED, batch=16, seq=1024,
+    'gpt2_124m': dict(kind=_LM, fields=_PLAIN, batch=16, seq=1024),
+    'gpt2_124m_fused': dict(kind=_LM, fields=_FUSED, batch=16, seq=1024,
                             packed=False, loss_chunk_size=4096),
-    'gpt2_124m_scan_dots': dict(kind='lm', fields=_SCAN, batch=16, seq=1024,
+    'gpt2_124m_scan_dots': dict(kind=_LM, fields=_SCAN, batch=16, seq=1024,
                                 packed=False, loss_chunk_size=4096),
-    'gpt2_350m': dict(kind='lm', fields=dict(_350M, **_PLAIN), batch=8,
+    'gpt2_350m': dict(kind=_LM, fields=dict(_350M, **_PLAIN), batch=8,
                       seq=1024),
-    'gpt2_350m_scan_dots': dict(kind='lm', fields=dict(_350M, **_SCAN),
+    'gpt2_350m_scan_dots': dict(kind=_LM, fields=dict(_350M, **_SCAN),
                                 batch=8, seq=1024, packed=False,
                                 loss_chunk_size=4096),
     'gpt2_350m_scan_full_b32': dict(
-        kind='lm', fields=dict(_350M, **dict(_SCAN, remat='full')),
+        kind=_LM, fields=dict(_350M, **dict(_SCAN, remat='full')),
         batch=32, seq=1024, packed=False, loss_chunk_size=4096),
-    'transformer_base': dict(kind='encdec', fields=dict(), batch=96,
+    'transformer_base': dict(kind='encoder_decoder', fields=dict(), batch=96,
                              seq=256),
 }
 
@@ -78,16 +80,17 @@ def measure(name: str, steps: int, seconds: float) -> dict:
 
 
   item = ITEMS[name]
-  if item['kind'] == 'lm':
+  record = family(item['kind'])
+  if record.has_source:  # the paper's base model, sources as long as targets
+    config = transformer_base(dtype='bfloat16', **item['fields'])
+    src_len = item['seq']
+  else:
     config = gpt2_small(dtype='bfloat16', dropout_rate=0.0,
                         attention_dropout_rate=0.0, **item['fields'])
-    cls, src_len = DecoderLM, 0
-  else:
-    config = transformer_base(dtype='bfloat16', **item['fields'])
-    cls, src_len = EncoderDecoder, item['seq']
-  case = dict(config=config, batch=item['batch'], src_len=src_len,
-              tgt_len=item['seq'])
-  model_def, params = split(cls(config, nnx.Rngs(0)))
+    src_len = 0
+  case = dict(config=config, kind=item['kind'], batch=item['batch'],
+              src_len=src_len, tgt_len=item['seq'])
+  model_def, params = split(record.model_class(config, nnx.Rngs(0)))
   tx = optax.adamw(1e-4)
   state = model_setup.train_state(params, tx)
   batch = jax.device_put(make_batch(case))

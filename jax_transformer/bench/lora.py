@@ -67,8 +67,8 @@ def run(rounds: int = 5, config: str = CONFIG, rank: int = RANK,
   full_exp = doors.load(config).replace(**model, **overrides,
                                         **{'lora.rank': 0})
   lora_exp = full_exp.replace(**{'lora.rank': rank})
-  case = dict(config=full_exp.model_config(vocab), batch=full_exp.batch_size,
-              src_len=0, tgt_len=full_exp.seq_len)
+  case = dict(config=full_exp.model_config(vocab), kind=full_exp.model_kind,
+              batch=full_exp.batch_size, src_len=0, tgt_len=full_exp.seq_len)
   batch = jax.device_put(make_batch(case))
   sides, row = {}, {}
   for name, exp in (('full', full_exp), ('lora', lora_exp)):

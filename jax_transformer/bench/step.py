@@ -30,9 +30,9 @@ import optax
 from flax import nnx
 
 from jax_transformer.bench import timing
-from jax_transformer.interop import hf_families, torch_compat
+from jax_transformer.interop import hf_families, torch_layouts
 from jax_transformer.model.config import gpt2_small, transformer_base
-from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.families import family
 from jax_transformer.model.params import split
 from jax_transformer.train import model_setup, perf, steps
 
@@ -43,7 +43,7 @@ def base_case(dropout: float = 0.1) -> dict[str, Any]:
   return dict(name='transformer_base',
               config=transformer_base(dropout_rate=dropout,
                                       attention_dropout_rate=dropout),
-              batch=8, src_len=64, tgt_len=64)
+              kind='encoder_decoder', batch=8, src_len=64, tgt_len=64)
 
 
 def lm_case(dropout: float = 0.1) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def lm_case(dropout: float = 0.1) -> dict[str, Any]:
                                 num_decoder_layers=4, d_ff=512, max_len=256,
                                 activation='gelu', dropout_rate=dropout,
                                 attention_dropout_rate=dropout),
-              batch=32, src_len=0, tgt_len=128)
+              kind='decoder_lm', batch=32, src_len=0, tgt_len=128)
 
 
 def make_batch(case: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
@@ -87,8 +87,7 @@ def jax_side(case: dict[str, Any], with_train: bool = True):
   """(model, compiled train step (None without with_train), compiled eval
   step, state, device batch, compile seconds of each)."""
   config = case['config']
-  cls = EncoderDecoder if case['src_len'] else DecoderLM
-  model = cls(config, nnx.Rngs(0))
+  model = family(case['kind']).model_class(config, nnx.Rngs(0))
   model_def, params = split(model)
   tx = optimizer(case)
   state = model_setup.train_state(params, tx)
@@ -109,11 +108,11 @@ def jax_side(case: dict[str, Any], with_train: bool = True):
 def torch_side(case: dict[str, Any], model):
   """The PyTorch twin holding ``model``'s weights, and its optimizer."""
   import torch  # optional (the test extra): only PyTorch paths need it
-  if case['src_len']:
+  state = torch_layouts.of_kind(case['kind']).to_torch(model)
+  if family(case['kind']).has_source:
     # It imports torch, optional (the test extra).
     from jax_transformer.interop.torch_reference import TorchTransformer
     ref = TorchTransformer.from_config(case['config'])
-    state = torch_compat.encoder_decoder_to_torch(model)
     ref.load_state_dict({k: torch.from_numpy(np.array(v))
                          for k, v in state.items()})
     opt = torch.optim.Adam(ref.parameters(), lr=LR, betas=(0.9, 0.98),
@@ -124,7 +123,6 @@ def torch_side(case: dict[str, Any], model):
         case['config']))
     hf._attn_implementation = 'sdpa'  # pylint: disable=protected-access
     ref = transformers.GPT2LMHeadModel(hf)
-    state = torch_compat.decoder_lm_to_gpt2(model)
     ref.load_state_dict({k: torch.from_numpy(np.array(v))
                          for k, v in state.items()}, strict=False)
     opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.95),

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jax_transformer.data import batching, files
 from jax_transformer.experiment import Experiment
-from jax_transformer.model import attention, sharding
+from jax_transformer.model import attention, families, sharding
 from jax_transformer.runtime import targets
 from jax_transformer.train import memory, model_setup, run_plan
 
@@ -27,12 +27,11 @@ def abstract_batch(cfg: Experiment,
                    mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The shapes and shardings of one global batch of this config (with a
   loss_mask where the run reads instruction data)."""
-  if cfg.model_kind == 'decoder_lm':
+  if families.family(cfg.model_kind).has_source:
+    layout = batching.translation_layout(cfg.source_len, cfg.seq_len)
+  else:
     layout = (batching.instruction_layout(cfg.seq_len)
               if _reads_instructions(cfg) else batching.lm_layout(cfg.seq_len))
-  else:
-    layout = batching.translation_layout(cfg.source_len,
-                                         cfg.seq_len)
   placed = sharding.batch_sharding(mesh)
   return {key: jax.ShapeDtypeStruct((cfg.batch_size, group.length),
                                     jnp.int32, sharding=placed)

@@ -29,7 +29,7 @@ from jax_transformer import data, decoding, fields
 from jax_transformer.data.batching import markers
 from jax_transformer.decoding.sampling import greedy, is_deterministic
 from jax_transformer.errors import UsageError
-from jax_transformer.model.models import EncoderDecoder
+from jax_transformer.model.families import family_of
 
 # Batch widths and new-token counts are rounded up to a multiple of this.
 ROUND_TO = 8
@@ -66,7 +66,7 @@ def layout(ids: Sequence[int], model, stream: bool = False,
   gets BOS first unless the LM was trained on a token stream (BOS and EOS
   being the tokenizer's own, ``batching.markers``)."""
   bos, eos = markers(tokenizer)
-  if isinstance(model, EncoderDecoder):
+  if family_of(model).has_source:
     return data.translation_source(ids, eos)
   return data.lm_prompt(ids, stream, bos)
 
@@ -119,7 +119,7 @@ def encode_batch(texts: Sequence[str], tokenizer, model, *,
 def _decoder_prefix(model, width: int) -> int:
   """Positions the decoder fills before its first new token: the prompt for
   a DecoderLM, BOS for an EncoderDecoder."""
-  return 1 if isinstance(model, EncoderDecoder) else width
+  return family_of(model).decoder_prefix(width)
 
 
 def _fits(model, width: int, new_tokens: int) -> bool:
@@ -276,9 +276,7 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
       ids = pad_rows([rows[i] for i in filled], width)
       # Explicit masks: a tokenizer's id 0 may be a real token (GPT-2's).
       mask = np.arange(width) < np.array([[len(rows[i])] for i in filled])
-      inputs = ({'src_ids': ids, 'src_mask': mask}
-                if isinstance(model, EncoderDecoder)
-                else {'prompt_ids': ids, 'prompt_mask': mask})
+      inputs = family_of(model).prompt_inputs(ids, mask)
       if beam_size > 1:
         out = decoding.beam_search(model, **inputs, beam_size=beam_size,
                                    alpha=alpha, max_len=n, eos_id=eos_id,

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_transformer import fields
 from jax_transformer.errors import UsageError
-from jax_transformer.model.models import DecoderLM, EncoderDecoder
+from jax_transformer.model.families import family_of
 
 Array = jax.Array
 
@@ -89,15 +89,16 @@ class Inputs(NamedTuple):
 def prepare(model, prompt_ids, prompt_mask, src_ids, src_mask, *,
              pad_id: int, bos_id: int, eos_id: int | None) -> Inputs:
   """Checks everything about the inputs that can be known before tracing."""
-  if not isinstance(model, (EncoderDecoder, DecoderLM)):
-    raise TypeError('model must be a jax_transformer EncoderDecoder or '
-                    f'DecoderLM, got {type(model).__name__}.')
+  record = family_of(model)  # TypeError for an object no family builds
+  if record.empty_cache is None:
+    raise UsageError(f'A {type(model).__name__} does not generate text.')
+  has_source = record.has_source
   vocab = model.config.vocab_size
   check_id('pad_id', pad_id, vocab)
   check_id('bos_id', bos_id, vocab)
   check_id('eos_id', eos_id, vocab, optional=True)
   src = None
-  if isinstance(model, EncoderDecoder):
+  if has_source:
     if src_ids is None:
       raise UsageError('An EncoderDecoder needs src_ids [batch, source '
                        'length], the sentences to translate.')

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from jax_transformer.decoding.inputs import Inputs, constrain
 from jax_transformer.model.attention import KVCache
+from jax_transformer.model.families import family_of
 from jax_transformer.model.models import DecoderLM, EncoderDecoder
 
 Array = jax.Array
@@ -15,11 +16,10 @@ Model = EncoderDecoder | DecoderLM
 
 
 def start(model: Model, inputs: Inputs, cache_len: int) -> KVCache:
-  """An empty cache; for the encoder-decoder, the source encoded once."""
-  if isinstance(model, EncoderDecoder):
-    memory = model.encode(inputs.src, inputs.src_mask)
-    return model.init_cache(memory, inputs.src_mask, cache_len)
-  return model.init_cache(inputs.prompt.shape[0], cache_len)
+  """An empty cache; for a model with a source side, the source encoded
+  once (``Family.empty_cache``)."""
+  return family_of(model).empty_cache(model, inputs.prompt.shape[0],
+                                      inputs.src, inputs.src_mask, cache_len)
 
 
 def prefill(model: Model, inputs: Inputs, cache_len: int, mesh):

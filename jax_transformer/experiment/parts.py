@@ -18,6 +18,7 @@ import dataclasses
 from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment.data import DataConfig
+from jax_transformer.model import families
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,10 +180,11 @@ class EvalConfig:
   (``Experiment.evaluation``): after every ``every``-th logged step (and
   the last, ``num_steps``) the loss over ``max_batches`` (None: all)
   batches of ``batch_size`` rows of ``seq_len`` tokens of data's
-  evaluation split, for translation greedy BLEU on its first
+  evaluation split, for a model with a source side (translation) greedy
+  BLEU on its first
   ``bleu_examples`` sentences; at the end ``sample``, seeded by seed."""
   data: DataConfig
-  translation: bool  # an encoder-decoder run
+  model_kind: str  # a key of model.families.FAMILIES
   batch_size: int
   seq_len: int
   max_batches: int | None
@@ -192,6 +194,11 @@ class EvalConfig:
   num_steps: int
   sample: SampleConfig
   seed: int
+
+  @property
+  def family(self) -> families.Family:
+    """The record of the run's model kind."""
+    return families.family(self.model_kind)
 
   def due(self, step: int) -> bool:
     """Whether step is evaluated after it (every ``every``, and the

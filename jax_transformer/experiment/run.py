@@ -48,10 +48,9 @@ from jax_transformer.experiment.parts import (
 )
 from jax_transformer.experiment.paths import absolute_paths
 from jax_transformer.model import config as model_config_lib
+from jax_transformer.model import families
 from jax_transformer.model.config import ModelConfig
 
-# model.models.MODELS's keys (a test holds them equal; models import JAX).
-MODEL_KINDS = ('decoder_lm', 'encoder_decoder')
 # Fields that count steps, batches or checkpoints: 0 would divide by zero
 # after the first step or (keep_checkpoints) delete every checkpoint.
 POSITIVE_FIELDS = ('num_steps', 'batch_size', 'eval_batch_size', 'seq_len',
@@ -77,7 +76,7 @@ def _default_model() -> ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class Experiment:
   """One training run (docs/training.md lists the fields)."""
-  # 'decoder_lm' or 'encoder_decoder' (model.models.MODELS).
+  # A key of model.families.FAMILIES: 'decoder_lm' or 'encoder_decoder'.
   model_kind: str = 'decoder_lm'
   model: ModelConfig = dataclasses.field(default_factory=_default_model)
   # Start from a pretrained model: a Hugging Face folder (or a model id in
@@ -160,7 +159,7 @@ class Experiment:
   def source_len(self) -> int:
     """Source tokens per row of an encoder-decoder run (data.src_len, else
     seq_len); 0 for a decoder-only LM."""
-    if self.model_kind != 'encoder_decoder':
+    if not families.family(self.model_kind).has_source:
       return 0
     return self.data.src_len or self.seq_len
 
@@ -177,7 +176,7 @@ class Experiment:
   @property
   def evaluation(self) -> EvalConfig:
     """What the periodic evaluation and the last sample read."""
-    return EvalConfig(self.data, self.model_kind == 'encoder_decoder',
+    return EvalConfig(self.data, self.model_kind,
                       self.eval_batch_size, self.seq_len, self.eval_steps,
                       self.eval_bleu_examples, self.eval_every,
                       self.log_every, self.num_steps, self.sample, self.seed)
@@ -264,9 +263,7 @@ class Experiment:
       raise UsageError('config.init_from must name a Hugging Face model '
                        'folder, a model id in its cache or a workdir, got '
                        f'{self.init_from!r}.')
-    if self.model_kind not in MODEL_KINDS:
-      raise UsageError(f'model_kind must be one of {sorted(MODEL_KINDS)}, '
-                       f'got {self.model_kind!r}.')
+    families.family(self.model_kind)  # UsageError for an unknown kind
     self._check_local_tier()
     self.lora.check()
     if self.lora.rank and not self.init_from:

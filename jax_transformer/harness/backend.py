@@ -85,7 +85,7 @@ class JaxTransformerLM(TemplateLM):
                max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, seed: int = 0,
                heartbeat: Callable[[], None] | None = None):
     super().__init__()
-    if trained.kind != 'decoder_lm':
+    if trained.family.has_source:
       raise UsageError(ENCODER_DECODER)
     self.trained = trained
     self.model = trained.model

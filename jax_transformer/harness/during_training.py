@@ -20,6 +20,7 @@ from jax_transformer import fields
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.harness import backend, tasks
+from jax_transformer.model import families
 from jax_transformer.workdirs import restore
 
 
@@ -36,7 +37,7 @@ def settings_of(cfg: Experiment) -> tasks.Settings | None:
                      'into a metrics row, which comes every log_every steps.')
   if h.batch_size is not None:
     fields.check_integer('config.eval_harness.batch_size', h.batch_size)
-  if cfg.model_kind != 'decoder_lm':
+  if families.family(cfg.model_kind).has_source:
     raise UsageError('config.eval_harness scores decoder-only language '
                      'models; an encoder-decoder is scored by the run\'s '
                      'own evaluation (BLEU and chrF).')

@@ -31,7 +31,7 @@ from jax_transformer.experiment import run
 from jax_transformer.interop import hf_families
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.models import MODELS
+from jax_transformer.model.families import DECODER_LM
 
 HF_CONFIG, HF_WEIGHTS, HF_INDEX = (hf_families.HF_CONFIG,
                                    hf_families.HF_WEIGHTS,
@@ -239,7 +239,7 @@ def place_tensors(files: TensorFiles, family: hf_families.Family,
   the host holds about one tensor at a time.
   """
   _, abstract = params_lib.abstract(
-      lambda: MODELS['decoder_lm'](model_config, None))
+      lambda: DECODER_LM.model_class(model_config, None))
   unrolled = params_lib.unrolled(abstract)
   entries = family.entries(model_config)
   try:

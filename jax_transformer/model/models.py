@@ -370,8 +370,3 @@ def count_params(model: nnx.Module) -> int:
   """Number of scalar parameters (a tied embedding counts once)."""
   state = nnx.state(model, nnx.Param)
   return sum(x.size for x in jax.tree.leaves(state))
-
-
-# The model classes by the name experiment configs give them
-# (config.model_kind).
-MODELS = {'decoder_lm': DecoderLM, 'encoder_decoder': EncoderDecoder}

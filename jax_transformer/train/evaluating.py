@@ -109,8 +109,8 @@ def evaluate(eval_step, params, config: EvalConfig, tokenizer, mesh,
              setup=None, stop=None) -> dict[str, float]:
   """Loss and perplexity over the validation split (or its first
   config.max_batches batches; for a mixture, over each source's and all
-  of them together); for translation also greedy BLEU and chrF on its
-  first config.bleu_examples sentences.
+  of them together); for a model with a source side (translation) also
+  greedy BLEU and chrF on its first config.bleu_examples sentences.
 
   stop(count) -> True (checked between batches) abandons the evaluation:
   raises scores.Interrupted.
@@ -121,7 +121,7 @@ def evaluate(eval_step, params, config: EvalConfig, tokenizer, mesh,
                   (config.batch_size, config.seq_len),
                   max_batches=config.max_batches, stop=stop)
   n = config.bleu_examples
-  if config.translation and n > 0 and setup is not None:
+  if config.family.has_source and n > 0 and setup is not None:
     if stop is not None and stop(0):
       raise scores.Interrupted('stopped before the BLEU check')
     params = multihost_utils.process_allgather(params, tiled=True)
@@ -151,7 +151,8 @@ def data_prompt(config: EvalConfig) -> str:
   except Exception:  # pylint: disable=broad-except
     return ''
   line = next((s.strip() for s in text.splitlines() if s.strip()), '')
-  if config.translation or len(line) <= DATA_PROMPT_CHARS:
+  # A source sentence is kept whole: its translation is the sample.
+  if config.family.has_source or len(line) <= DATA_PROMPT_CHARS:
     return line
   return line[:DATA_PROMPT_CHARS].rsplit(' ', 1)[0] or line[
       :DATA_PROMPT_CHARS]
@@ -169,8 +170,9 @@ def sample(setup, params, tokenizer, config: EvalConfig) -> str:
   bos, eos = markers(tokenizer)  # the tokenizer's own, as in its batches
   sampler = sampling.Sampler(s.temperature, s.top_k or None)
   key = jax.random.key(config.seed)
-  if config.translation:
-    out = decoding.generate(model, src_ids=[data.translation_source(ids, eos)],
+  if config.family.has_source:
+    source = [data.translation_source(ids, eos)]
+    out = decoding.generate(model, **config.family.prompt_inputs(source),
                             max_new_tokens=s.max_new_tokens, sampler=sampler,
                             key=key)
     return tokenizer.decode(decoding.row_tokens(out, 0))

@@ -13,11 +13,10 @@ import jax
 import optax
 from flax import nnx
 
-from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.model import lora
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.models import MODELS
+from jax_transformer.model.families import family
 from jax_transformer.model.params import ModelDef, Params, abstract, split
 from jax_transformer.train import optim
 
@@ -83,11 +82,8 @@ def build(exp: Experiment, tokenizer_vocab: int) -> Setup:
 def build_model(exp: Experiment, tokenizer_vocab: int) -> Setup:
   """The Setup of an experiment's model alone (no schedule, no optimizer:
   what inference opens)."""
-  if exp.model_kind not in MODELS:
-    raise UsageError(f'model_kind must be one of {sorted(MODELS)}, got '
-                     f'{exp.model_kind!r}.')
+  cls = family(exp.model_kind).model_class  # UsageError for an unknown kind
   mc = exp.model_config(tokenizer_vocab)
-  cls = MODELS[exp.model_kind]
   model_def, abstract_params = lora.apply(
       exp.lora, *abstract(lambda: cls(mc, nnx.Rngs(0))))
   return Setup(mc, cls, model_def, abstract_params)

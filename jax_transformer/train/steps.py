@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.experiment import OptimConfig
 from jax_transformer.model import lora, sharding
+from jax_transformer.model.families import family_of
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
 from jax_transformer.train.losses import chunked_cross_entropy, cross_entropy
@@ -43,38 +44,24 @@ def forward(model: nnx.Module, batch: Batch, deterministic: bool,
             rngs: nnx.Rngs | None = None, packed: bool = True,
             return_hidden: bool = False):
   """Logits [B, T, V] (or the hidden states [B, T, D] under the head when
-  return_hidden), targets [B, T] and weights [B, T] for either batch
-  format of ``jax_transformer.data.batching``: LM (``inputs``...; with
-  ``loss_mask``, instruction data, weights only where it is 1) or
-  translation (``src``, ``tgt_in``...).
+  return_hidden), targets [B, T] and weights [B, T] of a batch in the
+  format of ``jax_transformer.data.batching`` that the model's family
+  trains on (``Family.loss_call``: LM ``inputs``..., with ``loss_mask``
+  weights only where it is 1; translation ``src``, ``tgt_in``...).
 
   packed=False promises one right-padded sequence per row (what the
   batcher makes without packing): attention then gets per-row lengths,
   which a fused kernel applies without reading a mask, instead of segments.
   """
-  def masks(segment_ids):
+  def row_masks(segment_ids):
     if packed:
       return {'segment_ids': segment_ids}
     return {'mask': _lengths(segment_ids), 'segment_ids': None}
 
-  if 'src' in batch:
-    src, tgt = masks(batch['src_segment_ids']), masks(batch['tgt_segment_ids'])
-    out = model(batch['src'], batch['tgt_in'], src.get('mask'),
-                tgt.get('mask'), deterministic=deterministic,
-                src_segment_ids=src['segment_ids'],
-                tgt_segment_ids=tgt['segment_ids'],
-                src_positions=batch['src_positions'],
-                tgt_positions=batch['tgt_positions'], rngs=rngs,
-                return_hidden=return_hidden)
-    return out, batch['tgt_out'], batch['tgt_segment_ids'] > 0
-  lm = masks(batch['segment_ids'])
-  out = model(batch['inputs'], lm.get('mask'), deterministic=deterministic,
-              segment_ids=lm['segment_ids'], positions=batch['positions'],
+  call = family_of(model).loss_call(batch, row_masks)
+  out = model(*call.args, **call.kwargs, deterministic=deterministic,
               rngs=rngs, return_hidden=return_hidden)
-  weights = batch['segment_ids'] > 0
-  if 'loss_mask' in batch:  # instruction data: the completions alone
-    weights = weights & (batch['loss_mask'] > 0)
-  return out, batch['targets'], weights
+  return out, call.targets, call.weights
 
 
 def loss_sums(model: nnx.Module, batch: Batch, deterministic: bool,

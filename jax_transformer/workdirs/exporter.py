@@ -47,11 +47,16 @@ from safetensors.numpy import save_file
 
 from jax_transformer import data
 from jax_transformer.errors import UsageError
-from jax_transformer.interop import hf_export, hf_families, torch_compat
+from jax_transformer.interop import (
+  hf_export,
+  hf_families,
+  torch_compat,
+  torch_layouts,
+)
 from jax_transformer.model import lora
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
-from jax_transformer.model.models import MODELS
+from jax_transformer.model.families import family
 from jax_transformer.runtime import storage
 from jax_transformer.workdirs import restore
 from jax_transformer.workdirs.restore import Trained
@@ -68,26 +73,6 @@ class VerificationError(RuntimeError):
   """An export whose logits differ from the JAX model's beyond tolerance."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """A PyTorch layout of one model kind."""
-  name: str
-  to_torch: Callable[[nnx.Module], dict[str, np.ndarray]]
-  from_torch: Callable[[Any, ModelConfig], nnx.Module]
-  entries: Callable[[ModelConfig], list]
-
-
-LAYOUTS = {
-    'encoder_decoder': Layout('reference',
-                              torch_compat.encoder_decoder_to_torch,
-                              torch_compat.encoder_decoder_from_torch,
-                              torch_compat.encoder_decoder_entries),
-    'decoder_lm': Layout('gpt2', torch_compat.decoder_lm_to_gpt2,
-                         torch_compat.decoder_lm_from_gpt2,
-                         torch_compat.gpt2_entries),
-}
-
-
 def sidecar(out: str, suffix: str) -> str:
   """The path beside ``out`` with its extension replaced by ``suffix``."""
   return os.path.splitext(out)[0] + suffix
@@ -99,14 +84,14 @@ def model_config_json(c: ModelConfig) -> str:
 
 def build(kind: str, config: ModelConfig) -> Callable[[], nnx.Module]:
   """A builder of the model class of ``kind`` (to trace, not to run)."""
-  return lambda: MODELS[kind](config, nnx.Rngs(0))
+  return lambda: family(kind).model_class(config, nnx.Rngs(0))
 
 
 def check_fits(trained: Trained, fmt: str) -> None:
   """Raises UsageError when ``fmt`` cannot hold the model (nothing written)."""
   if fmt not in FORMATS:
     raise UsageError(f'--format must be one of {FORMATS}, got {fmt!r}.')
-  if fmt == 'hf' and trained.kind != 'decoder_lm':
+  if fmt == 'hf' and trained.family.has_source:
     raise UsageError('--format hf writes a decoder-only causal LM (GPT-2, '
                      'Llama, Mistral, Qwen2); export an encoder-decoder as '
                      '--format torch or safetensors.')
@@ -114,7 +99,7 @@ def check_fits(trained: Trained, fmt: str) -> None:
     hf_export.check_fits(trained.model.config)
   if fmt == 'torch':
     try:
-      LAYOUTS[trained.kind].entries(trained.model.config)
+      torch_layouts.of_kind(trained.kind).entries(trained.model.config)
     except ValueError as e:
       raise UsageError(str(e)) from None
 
@@ -151,7 +136,7 @@ def write_lora_adapter(workdir: str, step: int | None, out: str
   if not isinstance(model_def, lora.LoraModelDef):
     raise UsageError(f'--lora_adapter_only: {workdir} was not trained with '
                      'LoRA (config.lora.rank=0); export it whole.')
-  if opened.config.model_kind != 'decoder_lm':
+  if family(opened.config.model_kind).has_source:
     raise UsageError('--lora_adapter_only writes a PEFT adapter of a '
                      'decoder-only causal LM.')
   notes = hf_export.write_adapter(opened.setup.model_config, params,
@@ -179,17 +164,14 @@ def _tensors(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def torch_config(trained: Trained) -> dict[str, Any]:
   """The PyTorch constructor's arguments: TorchTransformer(**d) or
-  GPT2LMHeadModel(GPT2Config(**d))."""
-  c, tok = trained.model.config, trained.tokenizer
-  if trained.kind == 'encoder_decoder':
-    return torch_compat.reference_kwargs(c)
-  return hf_families.gpt2_hf_config(c, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                                     pad_id=tok.pad_id)
+  GPT2LMHeadModel(GPT2Config(**d)), as the family's layout gives them."""
+  return torch_layouts.of_kind(trained.kind).torch_config(
+      trained.model.config, trained.tokenizer)
 
 
 def _write_torch(trained: Trained, out: str) -> list[str]:
   import torch  # optional (the test extra): only PyTorch paths need it
-  layout = LAYOUTS[trained.kind]
+  layout = torch_layouts.of_kind(trained.kind)
   state_dict = _tensors(layout.to_torch(trained.model))
   torch.save({k: torch.from_numpy(v) for k, v in state_dict.items()}, out)
   meta = {'format': TORCH_FORMAT, 'layout': layout.name,
@@ -296,13 +278,13 @@ def _model_inputs(kind: str, batch) -> dict[str, np.ndarray] | None:
   """A pipeline batch as model inputs and masks, without empty rows."""
   if batch is None:
     return None
-  if kind == 'decoder_lm':
-    out = {'ids': batch['inputs'], 'mask': batch['segment_ids'] > 0}
-    keep = out['mask'].any(-1)
-  else:
+  if family(kind).has_source:
     out = {'src': batch['src'], 'src_mask': batch['src_segment_ids'] > 0,
            'tgt': batch['tgt_in'], 'tgt_mask': batch['tgt_segment_ids'] > 0}
     keep = out['src_mask'].any(-1) & out['tgt_mask'].any(-1)
+  else:
+    out = {'ids': batch['inputs'], 'mask': batch['segment_ids'] > 0}
+    keep = out['mask'].any(-1)
   if not keep.any():
     return None
   return {k: np.asarray(v)[keep] for k, v in out.items()}
@@ -312,7 +294,7 @@ def _random_batches(trained: Trained, num_batches: int, batch_size: int
                     ) -> list[dict[str, np.ndarray]]:
   rng = np.random.RandomState(0)
   length = min(trained.config.seq_len, 32)
-  names = (('ids',) if trained.kind == 'decoder_lm' else ('src', 'tgt'))
+  names = ('src', 'tgt') if family(trained.kind).has_source else ('ids',)
   batches = []
   for _ in range(num_batches):
     batch = {}

@@ -51,6 +51,7 @@ from jax_transformer.interop import (
   hf_families,
   hf_tokenizer,
   torch_compat,
+  torch_layouts,
 )
 from jax_transformer.model import params as params_lib
 from jax_transformer.model.config import ModelConfig
@@ -69,7 +70,6 @@ from jax_transformer.workdirs.exporter import (
   CONFIG_SUFFIX,
   HF_CONFIG,
   HF_WEIGHTS,
-  LAYOUTS,
   SAFETENSORS_FORMAT,
   TOKENIZER_SUFFIX,
   TORCH_FORMAT,
@@ -128,7 +128,7 @@ def read_source(path: str) -> Source:
       meta = {}
   tensors = hf_families.with_gpt2_prefix(tensors)
   layout = meta.get('layout') or _guess_layout(path, tensors)
-  kind = next(k for k, v in LAYOUTS.items() if v.name == layout)
+  kind = torch_layouts.kind_of(layout)
   return Source(path, kind, layout, tensors, meta.get('model_config', {}),
                 int(meta.get('step', 0)), tokenizer)
 
@@ -254,7 +254,8 @@ def build_params(source: Source, model_config: ModelConfig):
           source.tensors, build(source.kind, model_config),
           model_config.params_dtype)
     else:
-      model = LAYOUTS[source.kind].from_torch(source.tensors, model_config)
+      model = torch_layouts.of_kind(source.kind).from_torch(source.tensors,
+                                                            model_config)
   except ValueError as e:
     raise UsageError(f'{source.path}: {e}') from None
   return params_lib.split(model)[1]

@@ -22,7 +22,7 @@ from jax_transformer.decoding import inference
 from jax_transformer.errors import UsageError, named_line
 from jax_transformer.experiment import Experiment
 from jax_transformer.interop import hf_checkpoint
-from jax_transformer.model import sharding
+from jax_transformer.model import families, sharding
 from jax_transformer.runtime.workdir import (
   CONFIG_FILE,
   TOKENIZER_DIR,
@@ -272,10 +272,16 @@ class Trained:
     return self.config.model_kind
 
   @property
+  def family(self) -> families.Family:
+    """The record of the model's kind."""
+    return families.family(self.kind)
+
+  @property
   def stream(self) -> bool:
     """A language model trained on a token stream: its prompts take no
     BOS (``decoding.inference.layout``)."""
-    return self.kind == 'decoder_lm' and inference.streamed(self.config.data)
+    return (not self.family.has_source
+            and inference.streamed(self.config.data))
 
 
 def load_model(workdir: str | WorkdirPaths, step: int | None = None,

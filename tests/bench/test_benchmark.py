@@ -14,11 +14,12 @@ from jax_transformer.model.config import gpt2_small, transformer_base
 
 
 def tiny_cases():
-  encdec = dict(name='tiny_encdec', batch=2, src_len=8, tgt_len=8,
+  encdec = dict(name='tiny_encdec', kind='encoder_decoder', batch=2,
+                src_len=8, tgt_len=8,
                 config=transformer_base(vocab_size=40, d_model=16,
                                         num_heads=2, num_encoder_layers=1,
                                         num_decoder_layers=1, d_ff=32))
-  lm = dict(name='tiny_lm', batch=2, src_len=0, tgt_len=8,
+  lm = dict(name='tiny_lm', kind='decoder_lm', batch=2, src_len=0, tgt_len=8,
             config=gpt2_small(vocab_size=40, d_model=16, num_heads=2,
                               num_decoder_layers=1, d_ff=32, max_len=16,
                               activation='gelu'))
@@ -104,8 +105,9 @@ def test_cli_refuses_what_it_cannot_run_in_one_sentence(args, message):
 def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
   from jax_transformer.bench import gpu
   monkeypatch.setitem(gpu.ITEMS, 'tiny', dict(
-      kind='lm', fields=dict(vocab_size=64, d_model=32, num_heads=2,
-                             num_decoder_layers=1, d_ff=64, max_len=16),
+      kind='decoder_lm', fields=dict(vocab_size=64, d_model=32, num_heads=2,
+                                     num_decoder_layers=1, d_ff=64,
+                                     max_len=16),
       batch=2, seq=16))
   row = gpu.measure('tiny', steps=2, seconds=5.0)
   assert row['timed_steps'] == 2 and row['step_s'] > 0

@@ -38,12 +38,6 @@ def test_config_files_load_without_jax():
   assert out.stdout.strip() == 'False', out.stderr
 
 
-def test_model_kinds_are_the_models():
-  from jax_transformer.experiment.run import MODEL_KINDS
-  from jax_transformer.model.models import MODELS
-  assert sorted(MODEL_KINDS) == sorted(MODELS)
-
-
 def test_every_config_file_reads_into_the_typed_form_and_back():
   for spec in ('lm_shakespeare', 'lm_shakespeare:tiny', 'translate_ende',
                'gpt2_small', 'finetune:llama_instruct', 'wmt_base', 'lm_7b'):
