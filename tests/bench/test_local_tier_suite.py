@@ -20,7 +20,7 @@ def summary(step, checkpoint, data_wait=0.5):
 def test_defaults_and_refusals():
   benchmark = script_helpers.load_script('benchmark')
   args = benchmark.parse_args(['--suite', 'local_tier'])
-  assert (args.steps, args.rounds, args.local_every) == (200, 2, 10)
+  assert (args.steps, args.rounds, args.local_every) == (200, 5, 10)
   args = benchmark.parse_args(['--suite', 'cpu'])
   assert (args.steps, args.rounds) == (600, 7)
   with pytest.raises(SystemExit):
