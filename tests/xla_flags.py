@@ -13,7 +13,8 @@ them is most of their cost. Three flags make it cheap:
   63 s instead of 132 s on two workers.
 Results may differ in the last bits (the order and contraction of
 floating-point operations): lm_shakespeare:tiny's model (a 96-token
-vocabulary, one device) gives logits (up to 0.5) 1.5e-7 from XLA's
+vocabulary; on one host device or eight alike) gives logits (up to 0.5)
+1.5e-7 from XLA's
 defaults', and parameters (up to 1.0) after three AdamW steps 6.7e-8
 from them (and bit for bit those of -O0 alone), far inside every
 tolerance; tests/interop/test_parity_at_default_flags.py measures both
