@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import flop_count
 import jax
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import repo
 import script_helpers
 
 from jax_transformer.bench import nanogpt, pipeline, step
+from jax_transformer.compile import step_model
 from jax_transformer.model.config import gpt2_small, transformer_base
 
 
@@ -34,7 +36,10 @@ def test_cpu_suite_rows_compare_the_same_loss(case):
   for row in rows:
     assert row['loss_rel_diff'] < 1e-5
     assert row['rounds'] == 2 and row['jax_s'] > 0 and row['torch_s'] > 0
-    assert row['ratio_min'] <= row['ratio'] <= row['ratio_max']
+    # The median of two rounds' ratios is their mean (not the ratio of
+    # the two sides' medians, nor either round's).
+    assert row['ratio'] == pytest.approx(
+        (row['ratio_min'] + row['ratio_max']) / 2, rel=1e-12)
     assert row['gflop'] > 0 and row['compile_s'] > 0
 
 
@@ -109,14 +114,33 @@ def test_gpu_suite_item_measures_on_any_backend(monkeypatch):
                                      num_decoder_layers=1, d_ff=64,
                                      max_len=16),
       batch=2, seq=16))
+  rates, of_devices = [], step_model.Rates.of_devices
+
+  def kept(devices):  # the rates the prediction takes, kept for the test
+    rates.append(of_devices(devices))
+    return rates[-1]
+  monkeypatch.setattr(step_model.Rates, 'of_devices', kept)
   row = gpu.measure('tiny', steps=2, seconds=5.0)
   assert row['timed_steps'] == 2 and row['step_s'] > 0
   assert row['tokens_per_s'] == pytest.approx(2 * 16 / row['step_s'])
   assert row['mfu_vs_matmul'] == pytest.approx(
       row['model_tflops_per_s'] / row['matmul_tflops_per_s'])
   assert 'mfu' not in row  # no built-in peak for a CPU
-  # The roofline's prediction beside the measurement (CPU host rates).
-  assert row['predicted_step_s'] > 0 and 0 < row['predicted_mfu'] <= 1
+  # The roofline's prediction beside the measurement, at the CPU host
+  # rates measured once: there the parts add, and the MFU is the model's
+  # FLOPs (counted from its weights' shapes) at the measured peak over the
+  # predicted step.
+  [host] = rates
+  assert not host.overlap and host.peak_flops > 0
+  flops = flop_count.lm_train_flops(
+      gpt2_small(vocab_size=64, d_model=32, num_heads=2, num_decoder_layers=1,
+                 d_ff=64, max_len=16), 2, 16)
+  assert row['model_tflops_per_s'] * 1e12 * row['step_s'] == pytest.approx(
+      flops, rel=1e-9)
+  assert row['predicted_step_s'] == pytest.approx(
+      sum(row['predicted_parts_s'].values()), rel=1e-12)
+  assert row['predicted_mfu'] == pytest.approx(
+      flops / (host.peak_flops * row['predicted_step_s']), rel=1e-9)
   assert row['measured_over_predicted'] == pytest.approx(
       row['step_s'] / row['predicted_step_s'])
   printed = script_helpers.load_script('benchmark').table([row])

@@ -4,6 +4,7 @@ and one set of figures for the target report and the planner."""
 
 import json
 
+import flop_count
 import jax
 import jax.numpy as jnp
 import pytest
@@ -132,7 +133,16 @@ def test_the_target_report_and_the_planner_give_one_step_time():
   assert table['collective_bytes'] == planned['collective_bytes']
   assert table['predicted_step_s'] == pytest.approx(
       2 * table['step_time_bound_s'])
-  assert 0 < table['predicted_mfu'] < 1
+  # The MFU from the row's own fields: the model's FLOPs of an update (two
+  # steps of the step's rows, counted from its weights' shapes) at a v5e's
+  # 197 TFLOP/s on each of the 8 chips, over the predicted update.
+  shape = sized.cfg.step_shape
+  update = flop_count.lm_train_flops(sized.setup.model_config,
+                                     2 * shape.batch_size, shape.seq_len)
+  assert table['model_flops_per_step'] == pytest.approx(update / 2,
+                                                        rel=1e-12)
+  assert table['predicted_mfu'] == pytest.approx(
+      update / (8 * 197e12 * table['predicted_step_s']), rel=1e-9)
   # Data x fsdp over 8 devices: weights gathered, gradients reduced.
   assert table['link_bound_s'] > 0 and table['hbm_bound_s'] > 0
 

@@ -15,14 +15,19 @@ import os
 import subprocess
 import sys
 
+import flop_count
 import pytest
 import repo
 import script_helpers
 
 from jax_transformer.compile import hlo_stats, topology
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import doors
 from jax_transformer.runtime import gpu_specs, targets
 
+# A v5e chip's bf16 peak and ICI bandwidth (Google's figures, as
+# docs/scaling.md's table gives them).
+V5E_PEAK, V5E_ICI = 197e12, 200e9
 GPU_COMPILER = os.path.join(repo.ROOT, '.ci-cache', 'gpu-compiler')
 HAS_TPU = importlib.util.find_spec('libtpu') is not None
 HAS_GPU = (importlib.util.find_spec('jax_cuda12_plugin') is not None
@@ -169,7 +174,17 @@ def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
   assert row['attention_kernels_in_hlo'] == ['pallas']
   # Data parallel over 4 chips: the gradients are all-reduced.
   assert row['collective_bytes']['all-reduce'] > 0
-  assert 0 < row['predicted_mfu'] <= 1
+  # The MFU from the row's own fields: the model's FLOPs of a step
+  # (counted from its weights' shapes, at the report's 32768-token
+  # vocabulary) at a v5e's 197 TFLOP/s on each of 4 chips, over the
+  # predicted step.
+  cfg = doors.load('lm_shakespeare:tiny').replace(
+      **{'model.max_len': 128, 'seq_len': 128, 'batch_size': 16})
+  assert cfg.optim.grad_accum_steps == 1
+  flops = flop_count.lm_train_flops(cfg.model_config(32768), 16, 128)
+  assert row['model_flops_per_step'] == pytest.approx(flops, rel=1e-12)
+  assert row['predicted_mfu'] == pytest.approx(
+      flops / (4 * V5E_PEAK * row['predicted_step_s']), rel=1e-9)
   # The KV-cached decode compiled too.
   assert row['decode_compile_s'] > 0 and row['decode_per_chip_bytes'] > 0
   for key in ('config', 'target', 'estimate_bytes', 'compile_s'):
@@ -254,7 +269,22 @@ def test_two_slices_compile_with_the_data_axis_across_them():
   classes = row['link_classes']
   assert classes['sync_cross'] + classes['async_cross'] > 0, classes
   assert row['network_bytes_per_s'] == pytest.approx(25e9 / 8)
-  assert row['network_s'] > 0 and 0 < row['link_share'] <= 1
+  # The link time from the row's bytes: those that cross at the network's
+  # rate, the rest at a v5e's 200 GB/s of ICI (no latency is charged on a
+  # target's rates); the step by the step model's formula from its parts.
+  net, ici = 25e9 / 8, V5E_ICI
+  sync = classes['sync'] / ici + classes['sync_cross'] / net
+  asynchronous = classes['async'] / ici + classes['async_cross'] / net
+  assert row['network_s'] == pytest.approx(
+      (classes['sync_cross'] + classes['async_cross']) / net, rel=1e-9)
+  assert row['link_bound_s'] == pytest.approx(sync + asynchronous, rel=1e-9)
+  exposed = row['exposed_hbm_s']
+  kernels = max(row['compute_bound_s'], row['hbm_bound_s'] - exposed) + exposed
+  assert row['step_time_bound_s'] == pytest.approx(
+      max(kernels, 0.75 * asynchronous) + 0.25 * asynchronous + sync,
+      rel=1e-9)
+  assert row['link_share'] == pytest.approx(
+      row['link_bound_s'] / row['step_time_bound_s'], rel=1e-9)
 
 
 @needs_tpu

@@ -380,11 +380,16 @@ def test_beam_search_finds_the_exhaustive_best_on_a_tiny_vocabulary(kind,
 def test_a_narrow_beam_reports_the_score_of_what_it_returns():
   m, prompt = tiny_lm(), np.array([[1, 3, 4], [1, 4, 0]])
   out = beam_search(m, prompt, beam_size=2, alpha=1.5, max_len=3)
+  missed = []
   for i, p in enumerate([real(r) for r in prompt]):
     scores = exhaustive(m, p, 5, 3, 1.5, 2)
     got = tuple(np.asarray(out.tokens[i, :int(out.lengths[i])]).tolist())
     np.testing.assert_allclose(out.scores[i], scores[got], atol=1e-5)
-    assert scores[got] <= max(scores.values()) + 1e-6
+    missed.append(scores[got] < max(scores.values()) - 1e-6)
+  # The beam is narrow enough to matter: for some row (row 1: (3, 1, 3)
+  # at -1.219, not (3, 4, 3) at -1.170) it returns a hypothesis other than
+  # exact search's, and the score reported is that one's.
+  assert any(missed)
 
 
 def test_beam_size_one_is_greedy():

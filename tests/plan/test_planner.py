@@ -2,6 +2,7 @@
 small plan with its cache (the step-time model's own tests are
 tests/compile/test_step_model.py)."""
 
+import flop_count
 import jax
 import pytest
 
@@ -75,13 +76,24 @@ def test_a_plan_compiles_the_shipped_layout_ranks_and_caches(tmp_path):
   layouts = [cands.Candidate(2, 1, 4, 'full', 'float32', 0, 16, 1)]
   rows = search.plan(cfg, 'tiny', where, 16, cache_dir=str(tmp_path),
                      vocab_size=64, only=layouts, log=lambda _: None)
+  update_flops = flop_count.lm_train_flops(cfg.model_config(64), 16,
+                                           cfg.seq_len)
   assert len(rows) == 2 and sum(r['shipped'] for r in rows) == 1
   own = next(r for r in rows if r['shipped'])
   assert (own['data'], own['fsdp'], own['tensor']) == (8, 1, 1)
   for r in rows:
     assert r['status'] == 'compiled' and r['fits']
     assert r['per_chip_bytes'] > 0 and r['compile_s'] > 0
-    assert r['predicted_step_s'] > 0 and 0 < r['predicted_mfu'] < 1
+    # Host devices run the parts in turn: an update is its steps' parts
+    # added. The MFU is the model's FLOPs of an update (counted from its
+    # weights' shapes) at the rates' peak on 8 chips over that time.
+    assert r['batch_size'] * r['grad_accum_steps'] == 16
+    parts = r['compute_s'] + r['hbm_s'] + r['link_s']
+    assert r['hbm_s'] > 0 and r['link_s'] > 0
+    assert r['predicted_step_s'] == pytest.approx(
+        r['grad_accum_steps'] * parts, rel=1e-12)
+    assert r['predicted_mfu'] == pytest.approx(
+        update_flops / (8 * 1e11 * r['predicted_step_s']), rel=1e-9)
   assert [r['rank'] for r in rows] == [1, 2]
   times = [r['predicted_step_s'] for r in rows]
   assert all(a <= b * 1.005 for a, b in zip(times, times[1:]))  # ties: 0.5%

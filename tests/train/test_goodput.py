@@ -91,7 +91,12 @@ def test_rows_carry_their_time_and_the_last_row_the_run_s(fake_data_dir,
   assert last['step'] == 8 and last['loss'] == rows[-2]['loss']
   parts = sum(last[f'total_{p}_s'] for p in goodput.PARTS)
   assert parts == pytest.approx(last['wall_s'], rel=0.02)
-  assert 0 < last['goodput'] < 1
+  # Step time over wall time, from the two as the row gives them: each
+  # rounded to the microsecond, which moves the ratio by under 1e-6 / wall.
+  assert last['total_step_s'] > 0
+  assert last['goodput'] == pytest.approx(
+      last['total_step_s'] / last['wall_s'], rel=0,
+      abs=1e-6 / last['wall_s'])
   assert metrics.read_history(workdir)[-1] == last  # the row, once
   # Two traces (on demand at step 1, planned at 2-3); the request is gone.
   assert [t.split(os.sep)[-5] for t in traces(workdir)] == ['steps_1-1',
