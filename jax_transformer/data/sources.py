@@ -3,9 +3,9 @@
 ``source_for(data_cfg)`` reads a run's ``config.data`` and returns its
 source, an instance of the first kind of ``KINDS`` that claims it:
 
-* ``Mixture``: ``data.mixture`` is set; several sources with weights
-  (``mixture`` describes them), read with the tokenizer of the run's own
-  dataset, the kind ``data.name`` names;
+* ``Mixture``: ``data.mixture`` is set; several sources with weights,
+  read with the tokenizer of the run's own dataset, the kind ``data.name``
+  names (``Mixture`` and docs/data.md, "Mixtures", describe them);
 * ``BuiltIn``: a name of the table ``datasets.DATASETS`` (its row gives
   task, keys and tokenizer; ``data.task``, ``text_key`` and ``lm_mode``
   may still override it);
@@ -333,10 +333,38 @@ class Part:
 
 
 class Mixture(Source):
-  """Several sources with weights (``data.mixture``, see ``mixture``):
-  the run's own dataset (``own``, the kind its ``data.name`` names) gives
-  the spec, the tokenizer and the evaluation split; training rows come
-  from every part in the proportions of their weights."""
+  """Several sources with weights, one training stream (``data.mixture``;
+  docs/data.md, "Mixtures").
+
+  ``config.data.mixture`` lists the parts, each a dict of data fields like
+  the run's own ``config.data`` (``name``, and for that dataset
+  ``text_key``, ``task``, ``lm_mode``, ``train_files``, ``eval_files``,
+  ``train_split``, ``eval_split``, ``builder_kwargs``...), with a
+  ``weight`` (a positive number, default 1) and an optional ``label`` (its
+  name in the metrics, default its ``name``)::
+
+    # configs/*.py: a tuple of dicts
+    c.data.mixture = ({'name': 'shakespeare', 'weight': 3},
+                      {'name': 'files', 'train_files': 'notes/*.txt',
+                       'weight': 1, 'label': 'notes'})
+    # the command line: the same as a Python literal
+    --config.data.mixture="[{'name': 'shakespeare', 'weight': 3},
+                            {'name': 'files', 'train_files': 'notes/*.txt'}]"
+
+  A part takes ``INHERITED`` (``data_dir``, ``direction``, ``pack``,
+  ``src_len``) from the run's ``config.data`` unless it sets them. The
+  run's own dataset (``own``, the kind its ``data.name`` names) gives the
+  spec, the tokenizer every part is read with, and the task every part
+  must share.
+
+  Training rows are drawn from the parts in the weights' proportions by
+  Grain's deterministic mix (``grain.IterDataset.mix``), row by row: a
+  batch holds rows of every part, each shuffled and packed on its own. The
+  stream's position (every part's, and the mix's) is one Grain state, so
+  a resumed run continues with exactly the next batch. Evaluation scores
+  each part's ``eval_split`` on its own (``eval_loss/<label>``) and all of
+  them together (``eval_loss``, pooled over tokens).
+  """
   kind = 'mixture'
 
   def __init__(self, config: DataConfig):
@@ -471,12 +499,12 @@ def spec_for(data_cfg: Any) -> DatasetSpec:
 def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
                 refuse_other_tokenizer: bool = False,
                 workers: int | None = None) -> PreparedData:
-  """Prepares the dataset a run with this ``config.data`` names, once: the
+  """Prepares the data a run with this ``config.data`` reads, once: its
   dataset (``spec_for``), its tokenizer and the token stores of its
-  ``train_split`` and ``eval_split`` (slices too); then refuses in one
-  sentence a split that is missing or empty, or (given seq_len) a stream
-  split with fewer tokens than one window. A mixture's parts are prepared
-  by ``source_for(data_cfg).prepare`` (``mixture.prepare_for``).
+  ``train_split`` and ``eval_split`` (slices too), and, for a mixture,
+  every part's with that tokenizer; then refuses in one sentence a split
+  that is missing or empty, or (given seq_len) a stream split with fewer
+  tokens than one window (``source_for(data_cfg).prepare``).
 
   refuse_other_tokenizer: refuse, rather than train, a tokenizer this
     config asks for when the dataset was prepared with another one (the
@@ -485,7 +513,6 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   workers: processes tokenizing a big split (default: data.prepare_workers,
     else every core).
   """
-  d = DataConfig.of(data_cfg)
-  return source_for(d.replace(mixture=None)).prepare(
+  return source_for(data_cfg).prepare(
       seq_len=seq_len, refuse_other_tokenizer=refuse_other_tokenizer,
       workers=workers)

@@ -1,7 +1,7 @@
 """An experiment's data: which dataset, how it is tokenized and batched.
 
 One frozen dataclass, ``config.data`` of every experiment, read by the
-whole data layer (``sources.source_for``, ``mixture.sources``,
+whole data layer (``sources.source_for``, ``sources.Mixture``,
 ``pipeline.make_dataset``) and built by :meth:`DataConfig.of` from whatever
 a caller holds: a dataset name, a dict, an ``ml_collections`` config or a
 DataConfig.
