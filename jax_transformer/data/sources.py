@@ -52,6 +52,7 @@ from jax_transformer.data import (
 from jax_transformer.data.datasets import DatasetSpec, PreparedData
 from jax_transformer.data.tokenizers import Tokenizer
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import data_options
 from jax_transformer.experiment.data import DataConfig
 
 LM_MODES = datasets.LM_MODES
@@ -63,8 +64,11 @@ class Source:
 
   Attributes:
     config: the run's ``config.data`` (a DataConfig).
+    options: the fields of it this kind reads as its own, and which of
+      them are paths (``data_options``; its key there is ``kind``).
   """
   kind: ClassVar[str]
+  options: ClassVar[data_options.Options]
 
   def __init__(self, config: DataConfig):
     self.config = config
@@ -211,6 +215,7 @@ class BuiltIn(Source):
   too): its row, where the config's task, text_key and lm_mode override
   it."""
   kind = 'builtin'
+  options = data_options.BUILTIN
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -229,6 +234,7 @@ class Files(Source):
   ``your_files/<fingerprint>`` (``files``); a changed corpus has another
   fingerprint, so it is prepared again rather than read stale."""
   kind = 'files'
+  options = data_options.FILES
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -271,6 +277,7 @@ class HuggingFace(Source):
   """A Hugging Face dataset, of the Hub or a ``save_to_disk`` folder,
   written once as a TFDS dataset (``hf_datasets``)."""
   kind = 'huggingface'
+  options = data_options.HUGGINGFACE
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -292,6 +299,7 @@ class Tfds(Source):
   """Any other TFDS dataset, by the name TFDS gives it: downloaded and
   prepared by TFDS, or already prepared under data_dir."""
   kind = 'tfds'
+  options = data_options.TFDS
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -307,12 +315,10 @@ class Tfds(Source):
     return DatasetSpec(name, **fields)
 
 
-# What a mixture's source may set (its dataset's fields, its weight and
-# label), and what it takes from the run's config.data unless it sets it.
-SOURCE_FIELDS = ('name', 'weight', 'label', 'data_dir', 'direction', 'pack',
-                 'src_len', 'task', 'text_key', 'lm_mode', 'train_files',
-                 'eval_files', 'eval_fraction', 'builder_kwargs',
-                 'train_split', 'eval_split')
+# What a mixture's part may set (a dataset's fields, every kind's own, its
+# weight and label), and what it takes from the run's config.data unless
+# it sets it.
+SOURCE_FIELDS = data_options.part_fields()
 INHERITED = ('data_dir', 'direction', 'pack', 'src_len')
 
 
@@ -366,6 +372,7 @@ class Mixture(Source):
   them together (``eval_loss``, pooled over tokens).
   """
   kind = 'mixture'
+  options = data_options.MIXTURE
 
   def __init__(self, config: DataConfig):
     super().__init__(config)

@@ -4,7 +4,8 @@ One frozen dataclass, ``config.data`` of every experiment, read by the
 whole data layer (``sources.source_for``, ``sources.Mixture``,
 ``pipeline.make_dataset``) and built by :meth:`DataConfig.of` from whatever
 a caller holds: a dataset name, a dict, an ``ml_collections`` config or a
-DataConfig.
+DataConfig. Which kind of source owns each field, and which fields are
+paths, is said by the kinds' ``data_options``.
 """
 
 from __future__ import annotations

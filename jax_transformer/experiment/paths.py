@@ -9,6 +9,9 @@ A local path or glob is made absolute against the current directory (with
 ``org/name``). A config.json written before paths were stored absolute
 reads the same way: its relative paths are taken from the current
 directory, as they always were.
+
+Which fields are paths, and how each is made absolute, is said by the
+kinds of source that own them (``data_options``), not listed here.
 """
 
 from __future__ import annotations
@@ -16,12 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from jax_transformer.experiment import data_options
 from jax_transformer.experiment.data import DataConfig
-
-# Fields of config.data (and of each source of data.mixture) holding a
-# folder or file, and those holding comma-separated globs.
-PATH_FIELDS = ('data_dir', 'hf_path', 'tokenizer_path')
-GLOB_FIELDS = ('train_files', 'eval_files')
 
 
 def absolute(path: Any, existing_only: bool = False) -> Any:
@@ -44,20 +43,24 @@ def absolute_globs(patterns: Any) -> Any:
 
 
 def _fields(values: dict[str, Any]) -> dict[str, Any]:
+  """values with each path field that is set made absolute, as its kind
+  says (``data_options.path_fields``)."""
   out = dict(values)
-  for name in PATH_FIELDS:
-    if out.get(name):
-      # data_dir is made where it is missing; the others must exist.
-      out[name] = absolute(out[name], existing_only=name != 'data_dir')
-  for name in GLOB_FIELDS:
-    if out.get(name):
+  for name, how in data_options.path_fields().items():
+    if not out.get(name):
+      continue
+    if how == data_options.GLOBS:
       out[name] = absolute_globs(out[name])
+    else:
+      out[name] = absolute(out[name],
+                           existing_only=how == data_options.EXISTING)
   return out
 
 
 def absolute_data(d: DataConfig) -> DataConfig:
   """A data config with its paths, and its mixture sources', absolute."""
-  changes = _fields({k: getattr(d, k) for k in PATH_FIELDS + GLOB_FIELDS})
+  changes = _fields({k: getattr(d, k)
+                     for k in data_options.path_fields()})
   if d.mixture and not isinstance(d.mixture, (str, dict)):
     changes['mixture'] = tuple(
         _fields(dict(entry.to_dict() if hasattr(entry, 'to_dict') else entry))
