@@ -9,10 +9,10 @@ source, an instance of the first kind of ``KINDS`` that claims it:
 * ``BuiltIn``: a name of the table ``datasets.DATASETS`` (its row gives
   task, keys and tokenizer; ``data.task``, ``text_key`` and ``lm_mode``
   may still override it);
-* ``Files``: ``'files'``, your files (``data.train_files`` and
-  ``data.eval_files``, see ``files``);
-* ``HuggingFace``: ``'huggingface:OWNER/NAME'`` (``data.hf_config``) or
-  ``'huggingface'`` with ``data.hf_path``, see ``hf_datasets``;
+* ``Files``: ``'files'``, your files (``data.files.train`` and
+  ``data.files.eval``, see ``files``);
+* ``HuggingFace``: ``'huggingface:OWNER/NAME'`` (``data.hf.config``) or
+  ``'huggingface'`` with ``data.hf.path``, see ``hf_datasets``;
 * ``Tfds``: any other name, as TFDS names it (``'name/config:version'``),
   from its catalog or already prepared under ``data.data_dir``, with
   ``data.task`` ('lm', or 'translation' when ``data.direction`` is set),
@@ -241,21 +241,21 @@ class Files(Source):
     return d.name == files.NAME
 
   def _spec(self) -> DatasetSpec:
-    d = self.config
-    fields = _spec_fields(d)
-    fraction = d.eval_fraction
+    fields = _spec_fields(self.config)
+    own = self.config.files
+    fraction = own.eval_fraction
     fraction = files.DEFAULT_EVAL_FRACTION if fraction is None else fraction
     if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
         or not 0 < fraction < 1):
-      raise UsageError('config.data.eval_fraction must be a number between 0 '
-                       f'and 1 (the share held out), got {fraction!r}.')
-    if not d.train_files:
+      raise UsageError('config.data.files.eval_fraction must be a number '
+                       f'between 0 and 1 (the share held out), got '
+                       f'{fraction!r}.')
+    if not own.train:
       raise UsageError("config.data.name='files' reads "
-                       'config.data.train_files: set it to a glob of your '
+                       'config.data.files.train: set it to a glob of your '
                        'files (.txt, .jsonl, .parquet, .tsv).')
-    train = files.expand(d.train_files, 'train_files')
-    evaluation = (files.expand(d.eval_files, 'eval_files')
-                  if d.eval_files else [])
+    train = files.expand(own.train, 'files.train')
+    evaluation = files.expand(own.eval, 'files.eval') if own.eval else []
     for path in train + evaluation:
       files.file_kind(path)
     fp = files.fingerprint(fields['task'], _keys(fields), train, evaluation,
@@ -311,7 +311,7 @@ class Tfds(Source):
     if name.startswith(f'{files.NAME}/'):  # not the files' folder name
       raise UsageError(f'config.data.name={name!r}: your files are '
                        "config.data.name='files' with "
-                       'config.data.train_files.')
+                       'config.data.files.train.')
     return DatasetSpec(name, **fields)
 
 
@@ -344,18 +344,18 @@ class Mixture(Source):
 
   ``config.data.mixture`` lists the parts, each a dict of data fields like
   the run's own ``config.data`` (``name``, and for that dataset
-  ``text_key``, ``task``, ``lm_mode``, ``train_files``, ``eval_files``,
+  ``text_key``, ``task``, ``lm_mode``, ``files``, ``hf``,
   ``train_split``, ``eval_split``, ``builder_kwargs``...), with a
   ``weight`` (a positive number, default 1) and an optional ``label`` (its
   name in the metrics, default its ``name``)::
 
     # configs/*.py: a tuple of dicts
     c.data.mixture = ({'name': 'shakespeare', 'weight': 3},
-                      {'name': 'files', 'train_files': 'notes/*.txt',
+                      {'name': 'files', 'files': {'train': 'notes/*.txt'},
                        'weight': 1, 'label': 'notes'})
     # the command line: the same as a Python literal
     --config.data.mixture="[{'name': 'shakespeare', 'weight': 3},
-                            {'name': 'files', 'train_files': 'notes/*.txt'}]"
+                            {'name': 'files', 'files': {'train': 'n/*.txt'}}]"
 
   A part takes ``INHERITED`` (``data_dir``, ``direction``, ``pack``,
   ``src_len``) from the run's ``config.data`` unless it sets them. The

@@ -70,7 +70,7 @@ def home(tmp_path_factory):
 
 def test_the_workdir_records_absolute_paths_and_its_corpus(home):
   config = json.loads((home / 'runs/files/config.json').read_text())
-  assert config['data']['train_files'] == str(home / 'corpus/*.txt')
+  assert config['data']['files']['train'] == str(home / 'corpus/*.txt')
   assert config['data']['data_dir'] == str(home / 'tfds')
   record = json.loads((home / 'runs/files/data.json').read_text())
   assert record['kind'] == 'files'
@@ -138,7 +138,7 @@ def test_a_resume_over_an_added_file_is_a_decision(home, tmp_path):
     assert status == 2, out[-3000:]
     assert out.strip().splitlines()[-1] == (
         f'train.py: error: The corpus of {work} changed since this run '
-        'started: config.data.train_files now matches 4 files (3 when this '
+        'started: config.data.files.train now matches 4 files (3 when this '
         'run started; added: d.txt); pass '
         '--config.data.accept_changed_corpus=true to go on with the new '
         'corpus, which restarts the data iterator.')
@@ -146,7 +146,7 @@ def test_a_resume_over_an_added_file_is_a_decision(home, tmp_path):
                         '--config.data.accept_changed_corpus=true', steps=4)
     assert status == 0, out[-3000:]
     assert ('The corpus changed since this run started: '
-            'config.data.train_files now matches 4 files (3 when this run '
+            'config.data.files.train now matches 4 files (3 when this run '
             'started; added: d.txt); going on with it '
             '(config.data.accept_changed_corpus): the data iterator starts '
             'afresh.') in out
@@ -174,5 +174,5 @@ def test_an_old_workdir_with_relative_paths_still_resumes(tmp_path,
   (tmp_path / 'old' / 'config.json').write_text(json.dumps(exp.to_dict()))
   assert not trainer.check_resumable(exp, 'old').data.accept_changed_corpus
   moved = exp.replace(**{'data.train_files': 'elsewhere/*.txt'})
-  with pytest.raises(Exception, match='data \\(train_files\\)'):
+  with pytest.raises(Exception, match='data \\(files\\)'):
     trainer.check_resumable(moved, 'old')
