@@ -13,7 +13,7 @@ Presets:
                     10 warmup steps
   llama_instruct    a Llama-family model (init_from=runs/llama_hf) on your
                     instruction data, JSON lines of prompt/completion or
-                    chat messages (--config.data.train_files=...), trained on
+                    chat messages (--config.data.files.train=...), trained on
                     the completions only; cosine from 5e-5
   tiny              llama_instruct's settings in seconds (tests)
 """
@@ -65,7 +65,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
     # JSON lines of {"prompt", "completion"} or {"messages": [...]}
     # (data/files.py): rows of prompt + completion, loss on the completion.
     c.data.update(name='files', direction='prompt-completion',
-                  lm_mode='examples', pack=False, eval_fraction=0.05)
+                  lm_mode='examples', pack=False)
+    c.data.files.eval_fraction = 0.05
     c.seq_len = 512
     c.batch_size = c.eval_batch_size = 8
     finetuning(c, learning_rate=5e-5, schedule='warmup_cosine',

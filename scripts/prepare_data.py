@@ -2,7 +2,7 @@
 
   python scripts/prepare_data.py --config lm_1_3b          # what a run reads
   python scripts/prepare_data.py --config lm_shakespeare \
-      --config.data.name=files --config.data.train_files='texts/*.txt'
+      --config.data.name=files --config.data.files.train='texts/*.txt'
   python scripts/prepare_data.py --dataset shakespeare
   python scripts/prepare_data.py --dataset ding_en_de --data_dir /data/tfds
 

@@ -16,11 +16,10 @@ name; ``files`` your own files, ``hf_datasets`` Hugging Face datasets),
 ``datasets`` (the dataset table, reading and preparing a spec),
 ``splits`` (one split as Grain batches), ``sources`` (one class per kind
 of source: built-in, TFDS, files, Hugging Face, mixture; the door
-``source_for``/``spec_for``/``prepare_for``), ``mixture``, ``pipeline``
-(the door ``make_iterator``).
+``source_for``/``spec_for``/``prepare_for``), ``pipeline`` (the door
+``make_iterator``).
 """
 
-from jax_transformer.data import mixture  # noqa: F401 (data.mixture.*)
 from jax_transformer.data.batching import (
                                            lm_example,
                                            lm_layout,

@@ -5,7 +5,7 @@ Written by the trainer at every start (process 0, beside config.json:
 
 * the trainer, at a resume: a run of your files (``data.name='files'``)
   whose files changed since it started (one added, removed or rewritten
-  under ``data.train_files`` or ``data.eval_files``) is refused in one line
+  under ``data.files.train`` or ``data.files.eval``) is refused in one line
   naming what changed, unless ``data.accept_changed_corpus`` says to go on
   with the new corpus, whose batches then start afresh (``change``);
 * inference (``workdirs/restore.py``): evaluate, generate and export read
@@ -28,6 +28,7 @@ The record::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -41,7 +42,9 @@ DATA_FILE = 'data.json'
 # Kinds whose dataset is named by a fingerprint of what they were made
 # from, read back by that name at inference (sources.Tfds).
 FINGERPRINTED = ('files', 'huggingface')
-FIELDS = ('train_files', 'eval_files')
+# The record's keys (as older records have them) and the config.data
+# field each came from.
+FIELDS = {'train_files': 'files.train', 'eval_files': 'files.eval'}
 SHOWN = 3  # files named per kind of change
 
 
@@ -89,11 +92,11 @@ def read(root) -> dict[str, Any] | None:
 
 def change(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
   """None where a resume reads the files the run started with, else what
-  changed, e.g. 'config.data.train_files now matches 4 files (3 when this
+  changed, e.g. 'config.data.files.train now matches 4 files (3 when this
   run started; added: c.txt)'."""
   if not old or 'files' not in old or 'files' not in new:
     return None
-  for field in FIELDS:
+  for field, name in FIELDS.items():
     before = old['files'].get(field) or {}
     now = new['files'].get(field) or {}
     if before == now:
@@ -106,7 +109,7 @@ def change(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
     said = [f'{what}: {_listed([names[p] for p in paths])}'
             for what, paths in (('added', added), ('removed', removed),
                                 ('changed', rewritten)) if paths]
-    return (f'config.data.{field} now matches {_files(len(now))} '
+    return (f'config.data.{name} now matches {_files(len(now))} '
             f'({len(before)} when this run started; {"; ".join(said)})')
   return None
 
@@ -141,8 +144,10 @@ def for_inference(data_cfg: Any, rec: dict[str, Any] | None) -> DataConfig:
     return d
   if rec['kind'] == 'huggingface' and d.name != hf_datasets.PREFIX:
     return d  # a dataset of the Hub: named without a fingerprint
-  return d.replace(name=rec['name'], train_files=None, eval_files=None,
-                   hf_path=None, data_dir=d.data_dir or rec['data_dir'])
+  return d.replace(name=rec['name'],
+                   files=dataclasses.replace(d.files, train=None, eval=None),
+                   hf=dataclasses.replace(d.hf, path=None),
+                   data_dir=d.data_dir or rec['data_dir'])
 
 
 def gone(rec: dict[str, Any] | None, split: str, workdir: str

@@ -312,7 +312,7 @@ def check_split(prepared: PreparedData, split: str,
       raise UsageError(
           f'Split {split!r} of {spec.name} holds {tokens} tokens: too few '
           f'for one window of seq_len + 1 = {seq_len + 1}; give it more text '
-          '(e.g. config.data.eval_files) or lower config.seq_len.')
+          '(e.g. config.data.files.eval) or lower config.seq_len.')
 
 
 def check_features(spec: DatasetSpec, builder) -> None:

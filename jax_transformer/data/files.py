@@ -1,6 +1,6 @@
 """Your own files as a dataset: ``data.name='files'``.
 
-``data.train_files`` (and optionally ``data.eval_files``) are globs, local or
+``data.files.train`` (and optionally ``data.files.eval``) are globs, local or
 ``gs://``, of
 
 * plain text (``.txt``): one document per file;
@@ -28,10 +28,11 @@ where the fingerprint hashes the task, the keys, every file's path, size and
 modification time and the held-out fraction, so a changed corpus is
 prepared again and never read stale. The dataset is then read like any
 TFDS dataset by name (``your_files/<fingerprint>``), and tokenized into a
-token store as the built-ins are. Without ``eval_files``, the training
-documents whose hash is below ``data.eval_fraction`` (at least one) are the
-``validation`` split (``held_out_indices``): a document's side depends on
-its text alone, so files added later never move one into training.
+token store as the built-ins are. Without ``files.eval``, the training
+documents whose hash is below ``data.files.eval_fraction`` (at least one)
+are the ``validation`` split (``held_out_indices``): a document's side
+depends on its text alone, so files added later never move one into
+training.
 
 Reading streams: one record at a time, from one file at a time, so the
 memory used does not grow with the corpus (TFDS's writer buffers at most
@@ -419,25 +420,25 @@ with tfds.core.registered.skip_registration():
       del dl_manager
       if self._evaluation:
         return {'train': self._generate_examples(self._train, None,
-                                                 'train_files'),
+                                                 'files.train'),
                 'validation': self._generate_examples(self._evaluation, None,
-                                                      'eval_files')}
+                                                      'files.eval')}
       held, count = held_out_indices(documents(self._train, self._keys),
                                      self._keys, self._eval_fraction)
       if not count:
-        raise empty_corpus('train_files', self._train)
+        raise empty_corpus('files.train', self._train)
       if count < 2:
         raise UsageError(
-            f'config.data.train_files holds {count} document'
+            f'config.data.files.train holds {count} document'
             f'{"" if count == 1 else "s"}: too few to hold some out for '
-            'evaluation; give config.data.eval_files.')
+            'evaluation; give config.data.files.eval.')
       print(f'Evaluating on {len(held)} of {count} documents of '
-            'config.data.train_files, chosen by a hash of each document '
-            '(no config.data.eval_files given).', flush=True)
+            'config.data.files.train, chosen by a hash of each document '
+            '(no config.data.files.eval given).', flush=True)
       return {'train': self._generate_examples(
-                  self._train, lambda i: i not in held, 'train_files'),
+                  self._train, lambda i: i not in held, 'files.train'),
               'validation': self._generate_examples(
-                  self._train, held.__contains__, 'train_files')}
+                  self._train, held.__contains__, 'files.train')}
 
     def _generate_examples(self, paths, keep=None, field: str = ''):
       yielded = 0

@@ -4,7 +4,7 @@ Two forms, both needing the ``datasets`` library (``pip install
 'jax_transformer[hf]'``) only while they are prepared:
 
 * ``data.name='huggingface:OWNER/NAME'`` (the id as on the Hub, with
-  ``data.hf_config`` for a dataset with several configs): built by TFDS's
+  ``data.hf.config`` for a dataset with several configs): built by TFDS's
   own ``huggingface:`` builder (``HuggingfaceDatasetBuilder``), which asks
   ``datasets`` for the data (downloaded, or from its cache) and writes the
   TFDS ArrayRecord files::
@@ -18,7 +18,7 @@ Two forms, both needing the ``datasets`` library (``pip install
   lists every dataset of the Hub to find the id; here the builder is made
   directly from the id and, offline or when the Hub cannot be reached, goes
   without the card.
-* ``data.name='huggingface'`` with ``data.hf_path=FOLDER``: a folder written
+* ``data.name='huggingface'`` with ``data.hf.path=FOLDER``: a folder written
   by ``datasets``' ``save_to_disk`` (a ``DatasetDict``, its splits, or one
   ``Dataset``, the ``train`` split). TFDS's builder cannot read such a
   folder, so it is read with ``datasets.load_from_disk`` and written, its
@@ -79,17 +79,17 @@ def spec_fields(name: str, data_cfg: Any, keys: Sequence[str]
                 ) -> tuple[str, tuple]:
   """(the TFDS name it is read under, what to build it from) for
   ``data.name`` ``'huggingface:OWNER/NAME'`` or ``'huggingface'`` with
-  ``data.hf_path``; refuses a malformed one in one sentence."""
-  hf_path, hf_config = data_cfg.hf_path, data_cfg.hf_config
+  ``data.hf.path``; refuses a malformed one in one sentence."""
+  hf_path, hf_config = data_cfg.hf.path, data_cfg.hf.config
   if name == PREFIX:
     if not hf_path:
       raise UsageError(
           "config.data.name='huggingface' reads a folder written by "
-          "save_to_disk, given by config.data.hf_path; for a dataset of the "
+          "save_to_disk, given by config.data.hf.path; for a dataset of the "
           "Hub give config.data.name='huggingface:OWNER/NAME'.")
     if hf_config:
-      raise UsageError('config.data.hf_config names a config of a dataset of '
-                       'the Hub; a save_to_disk folder (config.data.hf_path) '
+      raise UsageError('config.data.hf.config names a config of a dataset of '
+                       'the Hub; a save_to_disk folder (config.data.hf.path) '
                        'has none.')
     folder, splits = _disk_splits(str(hf_path))
     fp = _disk_fingerprint(folder, splits, keys)
@@ -97,16 +97,16 @@ def spec_fields(name: str, data_cfg: Any, keys: Sequence[str]
   repo_id = name[len(PREFIX) + 1:]
   if hf_path:
     raise UsageError(f'config.data.name={name!r} reads the Hub (or its '
-                     'cache); config.data.hf_path goes with '
+                     'cache); config.data.hf.path goes with '
                      "config.data.name='huggingface'. Set one of them.")
   if not _ID.match(repo_id):
     raise UsageError(
         f'config.data.name={name!r}: give the dataset\'s id as on the Hub, '
         "'huggingface:OWNER/NAME' (e.g. 'huggingface:Salesforce/wikitext'), "
-        'with its config in config.data.hf_config.')
+        'with its config in config.data.hf.config.')
   if hf_config is not None and (not isinstance(hf_config, str)
                                 or not hf_config):
-    raise UsageError('config.data.hf_config must name a config of '
+    raise UsageError('config.data.hf.config must name a config of '
                      f'{repo_id}, got {hf_config!r}.')
   tfds_name = conversion_utils.to_tfds_name(repo_id)
   if hf_config:
@@ -121,7 +121,7 @@ def _disk_splits(hf_path: str) -> tuple[str, tuple[str, ...]]:
       return folder, tuple(json.load(f)['splits'])
   if os.path.isfile(os.path.join(folder, 'state.json')):
     return folder, ()  # one Dataset: the train split
-  raise UsageError(f'config.data.hf_path={hf_path}: not a folder written by '
+  raise UsageError(f'config.data.hf.path={hf_path}: not a folder written by '
                    "datasets' save_to_disk (it has no dataset_dict.json or "
                    'state.json).')
 

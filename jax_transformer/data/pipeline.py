@@ -25,7 +25,7 @@ Properties:
   weight 0). Training drops translation pairs longer than the rows (a cut
   target would lose its EOS) and truncates LM sentences.
 * Mixtures: with ``data.mixture``, training rows come from several sources
-  in the proportions of their weights (``mixture``).
+  in the proportions of their weights (``sources.Mixture``).
 * One door: ``make_dataset`` asks the config's source (``sources``) for
   its batches; every kind but the mixture batches one prepared split the
   same way (``splits``).

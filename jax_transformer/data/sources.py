@@ -3,16 +3,16 @@
 ``source_for(data_cfg)`` reads a run's ``config.data`` and returns its
 source, an instance of the first kind of ``KINDS`` that claims it:
 
-* ``Mixture``: ``data.mixture`` is set; several sources with weights
-  (``mixture`` describes them), read with the tokenizer of the run's own
-  dataset, the kind ``data.name`` names;
+* ``Mixture``: ``data.mixture`` is set; several sources with weights,
+  read with the tokenizer of the run's own dataset, the kind ``data.name``
+  names (``Mixture`` and docs/data.md, "Mixtures", describe them);
 * ``BuiltIn``: a name of the table ``datasets.DATASETS`` (its row gives
   task, keys and tokenizer; ``data.task``, ``text_key`` and ``lm_mode``
   may still override it);
-* ``Files``: ``'files'``, your files (``data.train_files`` and
-  ``data.eval_files``, see ``files``);
-* ``HuggingFace``: ``'huggingface:OWNER/NAME'`` (``data.hf_config``) or
-  ``'huggingface'`` with ``data.hf_path``, see ``hf_datasets``;
+* ``Files``: ``'files'``, your files (``data.files.train`` and
+  ``data.files.eval``, see ``files``);
+* ``HuggingFace``: ``'huggingface:OWNER/NAME'`` (``data.hf.config``) or
+  ``'huggingface'`` with ``data.hf.path``, see ``hf_datasets``;
 * ``Tfds``: any other name, as TFDS names it (``'name/config:version'``),
   from its catalog or already prepared under ``data.data_dir``, with
   ``data.task`` ('lm', or 'translation' when ``data.direction`` is set),
@@ -52,6 +52,7 @@ from jax_transformer.data import (
 from jax_transformer.data.datasets import DatasetSpec, PreparedData
 from jax_transformer.data.tokenizers import Tokenizer
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment import data_options
 from jax_transformer.experiment.data import DataConfig
 
 LM_MODES = datasets.LM_MODES
@@ -63,8 +64,11 @@ class Source:
 
   Attributes:
     config: the run's ``config.data`` (a DataConfig).
+    options: the fields of it this kind reads as its own, and which of
+      them are paths (``data_options``; its key there is ``kind``).
   """
   kind: ClassVar[str]
+  options: ClassVar[data_options.Options]
 
   def __init__(self, config: DataConfig):
     self.config = config
@@ -211,6 +215,7 @@ class BuiltIn(Source):
   too): its row, where the config's task, text_key and lm_mode override
   it."""
   kind = 'builtin'
+  options = data_options.BUILTIN
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -229,27 +234,28 @@ class Files(Source):
   ``your_files/<fingerprint>`` (``files``); a changed corpus has another
   fingerprint, so it is prepared again rather than read stale."""
   kind = 'files'
+  options = data_options.FILES
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
     return d.name == files.NAME
 
   def _spec(self) -> DatasetSpec:
-    d = self.config
-    fields = _spec_fields(d)
-    fraction = d.eval_fraction
+    fields = _spec_fields(self.config)
+    own = self.config.files
+    fraction = own.eval_fraction
     fraction = files.DEFAULT_EVAL_FRACTION if fraction is None else fraction
     if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
         or not 0 < fraction < 1):
-      raise UsageError('config.data.eval_fraction must be a number between 0 '
-                       f'and 1 (the share held out), got {fraction!r}.')
-    if not d.train_files:
+      raise UsageError('config.data.files.eval_fraction must be a number '
+                       f'between 0 and 1 (the share held out), got '
+                       f'{fraction!r}.')
+    if not own.train:
       raise UsageError("config.data.name='files' reads "
-                       'config.data.train_files: set it to a glob of your '
+                       'config.data.files.train: set it to a glob of your '
                        'files (.txt, .jsonl, .parquet, .tsv).')
-    train = files.expand(d.train_files, 'train_files')
-    evaluation = (files.expand(d.eval_files, 'eval_files')
-                  if d.eval_files else [])
+    train = files.expand(own.train, 'files.train')
+    evaluation = files.expand(own.eval, 'files.eval') if own.eval else []
     for path in train + evaluation:
       files.file_kind(path)
     fp = files.fingerprint(fields['task'], _keys(fields), train, evaluation,
@@ -271,6 +277,7 @@ class HuggingFace(Source):
   """A Hugging Face dataset, of the Hub or a ``save_to_disk`` folder,
   written once as a TFDS dataset (``hf_datasets``)."""
   kind = 'huggingface'
+  options = data_options.HUGGINGFACE
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -292,6 +299,7 @@ class Tfds(Source):
   """Any other TFDS dataset, by the name TFDS gives it: downloaded and
   prepared by TFDS, or already prepared under data_dir."""
   kind = 'tfds'
+  options = data_options.TFDS
 
   @classmethod
   def claims(cls, d: DataConfig) -> bool:
@@ -303,16 +311,14 @@ class Tfds(Source):
     if name.startswith(f'{files.NAME}/'):  # not the files' folder name
       raise UsageError(f'config.data.name={name!r}: your files are '
                        "config.data.name='files' with "
-                       'config.data.train_files.')
+                       'config.data.files.train.')
     return DatasetSpec(name, **fields)
 
 
-# What a mixture's source may set (its dataset's fields, its weight and
-# label), and what it takes from the run's config.data unless it sets it.
-SOURCE_FIELDS = ('name', 'weight', 'label', 'data_dir', 'direction', 'pack',
-                 'src_len', 'task', 'text_key', 'lm_mode', 'train_files',
-                 'eval_files', 'eval_fraction', 'builder_kwargs',
-                 'train_split', 'eval_split')
+# What a mixture's part may set (a dataset's fields, every kind's own, its
+# weight and label), and what it takes from the run's config.data unless
+# it sets it.
+SOURCE_FIELDS = data_options.part_fields()
 INHERITED = ('data_dir', 'direction', 'pack', 'src_len')
 
 
@@ -333,11 +339,40 @@ class Part:
 
 
 class Mixture(Source):
-  """Several sources with weights (``data.mixture``, see ``mixture``):
-  the run's own dataset (``own``, the kind its ``data.name`` names) gives
-  the spec, the tokenizer and the evaluation split; training rows come
-  from every part in the proportions of their weights."""
+  """Several sources with weights, one training stream (``data.mixture``;
+  docs/data.md, "Mixtures").
+
+  ``config.data.mixture`` lists the parts, each a dict of data fields like
+  the run's own ``config.data`` (``name``, and for that dataset
+  ``text_key``, ``task``, ``lm_mode``, ``files``, ``hf``,
+  ``train_split``, ``eval_split``, ``builder_kwargs``...), with a
+  ``weight`` (a positive number, default 1) and an optional ``label`` (its
+  name in the metrics, default its ``name``)::
+
+    # configs/*.py: a tuple of dicts
+    c.data.mixture = ({'name': 'shakespeare', 'weight': 3},
+                      {'name': 'files', 'files': {'train': 'notes/*.txt'},
+                       'weight': 1, 'label': 'notes'})
+    # the command line: the same as a Python literal
+    --config.data.mixture="[{'name': 'shakespeare', 'weight': 3},
+                            {'name': 'files', 'files': {'train': 'n/*.txt'}}]"
+
+  A part takes ``INHERITED`` (``data_dir``, ``direction``, ``pack``,
+  ``src_len``) from the run's ``config.data`` unless it sets them. The
+  run's own dataset (``own``, the kind its ``data.name`` names) gives the
+  spec, the tokenizer every part is read with, and the task every part
+  must share.
+
+  Training rows are drawn from the parts in the weights' proportions by
+  Grain's deterministic mix (``grain.IterDataset.mix``), row by row: a
+  batch holds rows of every part, each shuffled and packed on its own. The
+  stream's position (every part's, and the mix's) is one Grain state, so
+  a resumed run continues with exactly the next batch. Evaluation scores
+  each part's ``eval_split`` on its own (``eval_loss/<label>``) and all of
+  them together (``eval_loss``, pooled over tokens).
+  """
   kind = 'mixture'
+  options = data_options.MIXTURE
 
   def __init__(self, config: DataConfig):
     super().__init__(config)
@@ -471,12 +506,12 @@ def spec_for(data_cfg: Any) -> DatasetSpec:
 def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
                 refuse_other_tokenizer: bool = False,
                 workers: int | None = None) -> PreparedData:
-  """Prepares the dataset a run with this ``config.data`` names, once: the
+  """Prepares the data a run with this ``config.data`` reads, once: its
   dataset (``spec_for``), its tokenizer and the token stores of its
-  ``train_split`` and ``eval_split`` (slices too); then refuses in one
-  sentence a split that is missing or empty, or (given seq_len) a stream
-  split with fewer tokens than one window. A mixture's parts are prepared
-  by ``source_for(data_cfg).prepare`` (``mixture.prepare_for``).
+  ``train_split`` and ``eval_split`` (slices too), and, for a mixture,
+  every part's with that tokenizer; then refuses in one sentence a split
+  that is missing or empty, or (given seq_len) a stream split with fewer
+  tokens than one window (``source_for(data_cfg).prepare``).
 
   refuse_other_tokenizer: refuse, rather than train, a tokenizer this
     config asks for when the dataset was prepared with another one (the
@@ -485,7 +520,6 @@ def prepare_for(data_cfg: Any, *, seq_len: int | None = None,
   workers: processes tokenizing a big split (default: data.prepare_workers,
     else every core).
   """
-  d = DataConfig.of(data_cfg)
-  return source_for(d.replace(mixture=None)).prepare(
+  return source_for(data_cfg).prepare(
       seq_len=seq_len, refuse_other_tokenizer=refuse_other_tokenizer,
       workers=workers)

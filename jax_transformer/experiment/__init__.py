@@ -2,7 +2,8 @@
 its check, without JAX (config files read it before JAX starts).
 
 ``run`` (:class:`Experiment`, :func:`base_config`), ``data``
-(:class:`DataConfig`), ``parts`` (LoRA, mesh, optimizer, sample, profile,
+(:class:`DataConfig`), ``data_options`` (each kind of source's own fields
+and paths), ``paths``, ``parts`` (LoRA, mesh, optimizer, sample, profile,
 a step's shape, the training batches, the evaluation).
 """
 

@@ -1,10 +1,11 @@
 """An experiment's data: which dataset, how it is tokenized and batched.
 
 One frozen dataclass, ``config.data`` of every experiment, read by the
-whole data layer (``sources.source_for``, ``mixture.sources``,
+whole data layer (``sources.source_for``, ``sources.Mixture``,
 ``pipeline.make_dataset``) and built by :meth:`DataConfig.of` from whatever
 a caller holds: a dataset name, a dict, an ``ml_collections`` config or a
-DataConfig.
+DataConfig. Which kind of source owns each field, and which fields are
+paths, is said by the kinds' ``data_options``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Any
 
 from jax_transformer import fields
 from jax_transformer.errors import UsageError
+from jax_transformer.experiment.data_options import (
+  FORMER,
+  FilesOptions,
+  HfOptions,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +28,8 @@ class DataConfig:
 
   Attributes:
     name: a dataset of ``data.DATASETS``, any TFDS name
-      ('name/config:version'), 'files' (your files: ``train_files``), or
-      'huggingface:OWNER/NAME' / 'huggingface' (``hf_path``).
+      ('name/config:version'), 'files' (your files: ``files.train``), or
+      'huggingface:OWNER/NAME' / 'huggingface' (``hf.path``).
     data_dir: where ``prepare`` puts it (None: $TFDS_DATA_DIR or
       ~/tensorflow_datasets); local or mounted.
     direction: translation only and required there: 'SRC-TGT' (e.g.
@@ -39,12 +45,15 @@ class DataConfig:
     task: 'lm' or 'translation' for a dataset outside DATASETS (None: from
       direction); text_key: the LM's text feature ('text'); lm_mode:
       'stream' or 'examples' (``datasets.DatasetSpec.lm_mode``).
-    train_files / eval_files: globs (local or gs://) of .txt, .jsonl,
-      .parquet or .tsv files (.gz/.zst) for name='files'; without
-      eval_files the documents whose hash is below eval_fraction are
-      held out (data/files.py, ``held_out_indices``).
-    hf_config / hf_path: a Hugging Face dataset's config, or a
-      ``save_to_disk`` folder (data/hf_datasets.py).
+    files: your files, for name='files' (``data_options.FilesOptions``:
+      ``train`` and ``eval`` globs, ``eval_fraction``).
+    hf: a Hugging Face dataset (``data_options.HfOptions``: a
+      ``save_to_disk`` folder ``path``, a Hub dataset's ``config``).
+    train_files, eval_files, eval_fraction, hf_path, hf_config: the flat
+      names of earlier versions (``data_options.FORMER``), still read from
+      a command line, a config file or a saved config.json: each given is
+      moved to its nested field (over the nested value, if both are
+      given), and reads None after.
     tokenizer_path: an existing tokenizer instead of one trained on the
       corpus: a SentencePiece .model, a Hugging Face tokenizer.json or a
       folder holding one (tokenizer and vocab_size unset).
@@ -78,11 +87,8 @@ class DataConfig:
   task: str | None = None
   text_key: str | None = None
   lm_mode: str | None = None
-  train_files: str | None = None
-  eval_files: str | None = None
-  eval_fraction: float | None = None
-  hf_config: str | None = None
-  hf_path: str | None = None
+  files: FilesOptions = dataclasses.field(default_factory=FilesOptions)
+  hf: HfOptions = dataclasses.field(default_factory=HfOptions)
   tokenizer_path: str | None = None
   mixture: tuple | None = None
   chat_train: str = 'all'
@@ -90,6 +96,31 @@ class DataConfig:
   worker_count: int = 0
   worker_buffer_size: int = 2
   accept_changed_corpus: bool = False
+  # The FORMER names, last: a command line may still set them.
+  train_files: str | None = None
+  eval_files: str | None = None
+  eval_fraction: float | None = None
+  hf_path: str | None = None
+  hf_config: str | None = None
+
+  def __post_init__(self):
+    for former, nested in FORMER.items():
+      self._move(former, *nested.split('.'))
+
+  def _move(self, former: str, group: str, name: str) -> None:
+    """The value of a FORMER field moved to its nested one (a group
+    given as None is its defaults). Given both, the former name's value is
+    taken: it is the one given last where both meet (an old flag over a
+    preset's nested value, ``replace(train_files=...)`` on a config)."""
+    options = getattr(self, group)
+    if options is None:
+      options = self.__dataclass_fields__[group].default_factory()
+    value = getattr(self, former)
+    if value is not None:
+      options = dataclasses.replace(options, **{name: value})
+    # Frozen: __post_init__ is where a frozen dataclass may still be set.
+    object.__setattr__(self, group, options)
+    object.__setattr__(self, former, None)
 
   @classmethod
   def of(cls, value: Any) -> DataConfig:

@@ -9,19 +9,19 @@ A local path or glob is made absolute against the current directory (with
 ``org/name``). A config.json written before paths were stored absolute
 reads the same way: its relative paths are taken from the current
 directory, as they always were.
+
+Which fields are paths, and how each is made absolute, is said by the
+kinds of source that own them (``data_options``), not listed here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
+from jax_transformer.experiment import data_options
 from jax_transformer.experiment.data import DataConfig
-
-# Fields of config.data (and of each source of data.mixture) holding a
-# folder or file, and those holding comma-separated globs.
-PATH_FIELDS = ('data_dir', 'hf_path', 'tokenizer_path')
-GLOB_FIELDS = ('train_files', 'eval_files')
 
 
 def absolute(path: Any, existing_only: bool = False) -> Any:
@@ -43,24 +43,47 @@ def absolute_globs(patterns: Any) -> Any:
                   if p.strip())
 
 
-def _fields(values: dict[str, Any]) -> dict[str, Any]:
-  out = dict(values)
-  for name in PATH_FIELDS:
-    if out.get(name):
-      # data_dir is made where it is missing; the others must exist.
-      out[name] = absolute(out[name], existing_only=name != 'data_dir')
-  for name in GLOB_FIELDS:
-    if out.get(name):
-      out[name] = absolute_globs(out[name])
+def _made_absolute(value: Any, how: str) -> Any:
+  if how == data_options.GLOBS:
+    return absolute_globs(value)
+  return absolute(value, existing_only=how == data_options.EXISTING)
+
+
+def _part(entry: dict[str, Any]) -> dict[str, Any]:
+  """A mixture's part (a dict of data fields, nested or of the FORMER flat
+  names) with each path it sets made absolute."""
+  out = dict(entry)
+  for name, how in data_options.path_fields().items():
+    group, _, field = name.partition('.')
+    if field and isinstance(out.get(group), dict) and out[group].get(field):
+      out[group] = {**out[group],
+                    field: _made_absolute(out[group][field], how)}
+    elif not field and out.get(name):
+      out[name] = _made_absolute(out[name], how)
+  for former, name in data_options.FORMER.items():
+    how = data_options.path_fields().get(name)
+    if how and out.get(former):
+      out[former] = _made_absolute(out[former], how)
   return out
 
 
 def absolute_data(d: DataConfig) -> DataConfig:
-  """A data config with its paths, and its mixture sources', absolute."""
-  changes = _fields({k: getattr(d, k) for k in PATH_FIELDS + GLOB_FIELDS})
+  """A data config with its paths, and its mixture parts', absolute."""
+  changes: dict[str, Any] = {}
+  for name, how in data_options.path_fields().items():
+    group, _, field = name.partition('.')
+    holder = changes.get(group, getattr(d, group)) if field else d
+    value = getattr(holder, field or name)
+    if not value:
+      continue
+    if field:
+      changes[group] = dataclasses.replace(
+          holder, **{field: _made_absolute(value, how)})
+    else:
+      changes[name] = _made_absolute(value, how)
   if d.mixture and not isinstance(d.mixture, (str, dict)):
     changes['mixture'] = tuple(
-        _fields(dict(entry.to_dict() if hasattr(entry, 'to_dict') else entry))
+        _part(dict(entry.to_dict() if hasattr(entry, 'to_dict') else entry))
         if hasattr(entry, 'keys') else entry for entry in d.mixture)
   return d.replace(**changes)
 

@@ -111,7 +111,7 @@ def mixture_loss_metrics(eval_step: Callable, params,
   ``eval_perplexity/<label>``, and of all of them pooled over tokens as
   ``eval_loss`` and ``eval_perplexity``."""
   out, nll, tokens = {}, 0.0, 0.0
-  for source in data.mixture.sources(data_cfg):
+  for source in data.source_for(data_cfg).parts:
     s_nll, s_tokens, _ = _loss_sums(
         eval_step, params, source.data, tokenizer, mesh, rows,
         source.eval_split, max_batches, False, False, stop)

@@ -403,8 +403,8 @@ class InFlight:
 def prepare_data(cfg: Experiment) -> data.PreparedData:
   """Builds the dataset once (process 0 first, the others then load it)."""
   def prepare():
-    return data.mixture.prepare_for(cfg.data, seq_len=cfg.seq_len,
-                                    refuse_other_tokenizer=True)
+    return data.prepare_for(cfg.data, seq_len=cfg.seq_len,
+                            refuse_other_tokenizer=True)
   if jax.process_count() == 1:
     return prepare()
   if jax.process_index() == 0:

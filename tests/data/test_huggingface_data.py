@@ -1,5 +1,5 @@
 """Hugging Face datasets through the data door, offline: a save_to_disk
-folder (data.name='huggingface', data.hf_path) and a dataset of the Hub read
+folder (data.name='huggingface', data.hf.path) and a dataset of the Hub read
 from datasets' cache by TFDS's own huggingface builder
 (data.name='huggingface:OWNER/NAME'); docs/data.md, "Your own data"."""
 
@@ -127,7 +127,7 @@ def test_a_hub_dataset_config_and_one_not_in_the_cache(offline, tmp_path):
 
 @pytest.mark.parametrize('fields, message', [
     ({'name': 'huggingface'}, 'reads a folder written by save_to_disk, given '
-     'by config.data.hf_path'),
+     'by config.data.hf.path'),
     ({'name': 'huggingface:wikitext'}, "give the dataset's id as on the Hub, "
      "'huggingface:OWNER/NAME'"),
     ({'name': 'huggingface:a/b', 'hf_path': '.'}, 'Set one of them'),

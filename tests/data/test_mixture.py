@@ -11,7 +11,6 @@ import pytest
 from train_runs import finish, train
 
 from jax_transformer import data
-from jax_transformer.data import mixture
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import DataConfig
 from jax_transformer.runtime import faults
@@ -37,7 +36,7 @@ def two_sources(tmp_path_factory):
          'mixture': ({'name': 'files', 'train_files': a, 'label': 'a',
                       'weight': 3},
                      {'name': 'files', 'train_files': b, 'label': 'b'})}
-  prepared = mixture.prepare_for(cfg, seq_len=16)
+  prepared = data.prepare_for(cfg, seq_len=16)
   return cfg, prepared.tokenizer
 
 
@@ -136,13 +135,14 @@ def test_bad_mixtures_are_refused_in_one_sentence(entry, message):
   cfg = {'name': 'shakespeare',
          'mixture': ({'name': 'shakespeare', 'weight': 3}, entry)}
   with pytest.raises(UsageError, match=message) as e:
-    mixture.check(cfg)
+    data.source_for(cfg).check()
   assert '\n' not in str(e.value)
 
 
 def test_no_mixture_is_no_sources():
-  assert mixture.sources({'name': 'shakespeare', 'mixture': None}) == []
-  assert mixture.sources('shakespeare') == []
+  assert data.source_for({'name': 'shakespeare', 'mixture': None}
+                         ).parts == ()
+  assert data.source_for('shakespeare').parts == ()
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ def test_jsonl_with_its_own_key_holds_out_documents_by_hash(tmp_path,
   held = [d for d in DOCS if files.document_hash({'body': d}, ['body']) < 0.3]
   assert 4 <= len(held) <= 20
   assert (f'Evaluating on {len(held)} of 40 documents of '
-          'config.data.train_files, chosen by a hash of each document'
+          'config.data.files.train, chosen by a hash of each document'
           ) in capsys.readouterr().out
   assert prepared.num_examples == {'train': 40 - len(held),
                                    'validation': len(held)}
@@ -226,7 +226,7 @@ def test_bad_input_through_prepare_data_exits_2_in_one_line(tmp_path,
   path.write_text('{"text": "a"}\n[1, 2]\n')
   rc = prepare_data.main(['--config', 'lm_shakespeare:tiny',
                           '--config.data.name=files',
-                          f'--config.data.train_files={path}',
+                          f'--config.data.files.train={path}',
                           f'--config.data.data_dir={tmp_path / "tfds"}'])
   err = capsys.readouterr().err.strip()
   assert rc == 2
@@ -245,8 +245,8 @@ def test_an_eval_split_too_small_for_one_window_is_refused(tmp_path):
 @pytest.mark.parametrize('fields,expected', [
     ({'task': 'classify'}, "config.data.task must be one of"),
     ({'lm_mode': 'windows'}, "config.data.lm_mode must be one of"),
-    ({'eval_fraction': 1.5}, 'config.data.eval_fraction must be'),
-    ({'train_files': None}, 'reads config.data.train_files'),
+    ({'eval_fraction': 1.5}, 'config.data.files.eval_fraction must be'),
+    ({'train_files': None}, 'reads config.data.files.train'),
     ({'task': 'translation', 'direction': 'en'}, "direction='SRC-TGT'"),
 ])
 def test_bad_data_fields_are_refused(tmp_path, fields, expected):

@@ -89,7 +89,7 @@ def test_prepare_data_warns_where_the_lengths_exceed_the_runs_rows(
   write_pairs(tmp_path / 'pairs' / 'a.tsv', 400, 25, 28)
   rc = prepare_data.main([
       '--config', 'translate_ende:tiny', '--config.data.name=files',
-      f'--config.data.train_files={tmp_path / "pairs"}/*.tsv',
+      f'--config.data.files.train={tmp_path / "pairs"}/*.tsv',
       '--config.data.direction=en-fr', '--config.data.tokenizer=byte',
       '--config.data.vocab_size=0', '--num_examples', '0',
       f'--config.data.data_dir={tmp_path / "tfds"}'])

@@ -65,7 +65,7 @@ def test_a_refused_import_writes_nothing_and_the_fixed_command_succeeds(
   assert code == 2, err
   assert err.splitlines() == [  # and no traceback at exit
       "import_params.py: error: config.data.name='files' reads "
-      'config.data.train_files: set it to a glob of your files (.txt, '
+      'config.data.files.train: set it to a glob of your files (.txt, '
       '.jsonl, .parquet, .tsv).']
   assert out == ''
   assert os.listdir(tmp_path) == []  # nor a temporary folder beside it

@@ -177,7 +177,7 @@ def test_a_message_is_received_or_its_wait_names_the_flag(two_processes):
 @pytest.fixture
 def prepare_as(two_processes, monkeypatch):
   """trainer.prepare_data as one process of two sharing a fake store;
-  the preparation (data.mixture.prepare_for, the run's data door) fails
+  the preparation (data.prepare_for, the run's data door) fails
   with the error given, if any."""
   client = two_processes(FakeClient())
 
@@ -187,7 +187,7 @@ def prepare_as(two_processes, monkeypatch):
         raise error
       return f'prepared by {process}'
     monkeypatch.setattr(jax, 'process_index', lambda: process)
-    monkeypatch.setattr(trainer.data.mixture, 'prepare_for', prepare)
+    monkeypatch.setattr(trainer.data, 'prepare_for', prepare)
     return trainer.prepare_data(ml_collections.ConfigDict(
         {'seq_len': 8, 'data': {'name': 'shakespeare'}}))
   return client, run

@@ -24,21 +24,26 @@ from jax_transformer.train import trainer
 
 GENERATE, EXPORT, EVALUATE = (load_script(n) for n in
                               ('generate', 'export', 'evaluate'))
-FILES = ['--config.data.name=files', '--config.data.train_files=corpus/*.txt',
+FILES = ['--config.data.name=files', '--config.data.files.train=corpus/*.txt',
          '--config.data.data_dir=tfds']
+# The same, by the flat name of earlier versions.
+FORMER_FILES = ['--config.data.name=files',
+                '--config.data.train_files=corpus/*.txt',
+                '--config.data.data_dir=tfds']
 
 # One xdist worker for the module: home (a train.py run) is built once, not
 # once per worker that runs one of its tests.
 pytestmark = pytest.mark.xdist_group('self_contained_workdirs')
 
 
-def train(home, workdir, *flags, steps=2):
+def train(home, workdir, *flags, steps=2, files=FILES):
   """train.py on lm_shakespeare:tiny, run from ``home`` with paths relative
-  to it, on one CPU device; (exit status, output)."""
+  to it (your files: ``files``), on one CPU device; (exit status,
+  output)."""
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS=xla_flags.cpu(1))
   cmd = [sys.executable, os.path.join(repo.ROOT, 'train.py'), '--config',
-         'lm_shakespeare:tiny', '--workdir', workdir, *FILES,
+         'lm_shakespeare:tiny', '--workdir', workdir, *files,
          f'--config.num_steps={steps}', '--config.sample.enabled=False',
          '--config.batch_size=4', '--config.eval_batch_size=4', *flags]
   proc = subprocess.run(cmd, cwd=home, env=env, text=True,
@@ -70,7 +75,7 @@ def home(tmp_path_factory):
 
 def test_the_workdir_records_absolute_paths_and_its_corpus(home):
   config = json.loads((home / 'runs/files/config.json').read_text())
-  assert config['data']['train_files'] == str(home / 'corpus/*.txt')
+  assert config['data']['files']['train'] == str(home / 'corpus/*.txt')
   assert config['data']['data_dir'] == str(home / 'tfds')
   record = json.loads((home / 'runs/files/data.json').read_text())
   assert record['kind'] == 'files'
@@ -117,6 +122,38 @@ def test_inference_from_a_copy_without_the_corpus(home, tmp_path,
 
 
 @pytest.mark.slow
+def test_a_workdir_of_the_former_flat_names_serves_and_resumes(
+    home, tmp_path, monkeypatch, capsys):
+  """A config.json of the flat names of earlier versions (data.train_files
+  and the others; no data.files or data.hf) is decoded, evaluated and
+  exported from elsewhere, then resumed by the command of either names."""
+  work = tmp_path / 'flat'
+  shutil.copytree(home / 'runs/files', work)
+  config = json.loads((work / 'config.json').read_text())
+  data = config['data']
+  files, hf = data.pop('files'), data.pop('hf')
+  data.update(train_files=files['train'], eval_files=files['eval'],
+              eval_fraction=files['eval_fraction'], hf_path=hf['path'],
+              hf_config=hf['config'])
+  (work / 'config.json').write_text(json.dumps(config))
+  elsewhere = tmp_path / 'elsewhere'
+  elsewhere.mkdir()
+  monkeypatch.chdir(elsewhere)
+  assert GENERATE.main(['--workdir', str(work), '--input', 'the cat',
+                        '--max_new_tokens', '4']) == 0
+  capsys.readouterr()
+  assert EVALUATE.main(['--workdir', str(work), '--batch_size', '8']) == 0
+  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert result['metrics']['tokens'] > 0
+  assert EXPORT.main(['--workdir', str(work), '--format', 'safetensors',
+                      '--out', str(tmp_path / 'model.safetensors')]) == 0
+  status, out = train(home, str(work), steps=3)
+  assert status == 0 and 'Resumed from step 2' in out, out[-3000:]
+  status, out = train(home, str(work), steps=4, files=FORMER_FILES)
+  assert status == 0 and 'Resumed from step 3' in out, out[-3000:]
+
+
+@pytest.mark.slow
 def test_a_lora_workdir_decodes_from_elsewhere(home, tmp_path, monkeypatch):
   status, out = train(home, 'runs/lora', '--config.init_from=runs/files',
                       '--config.lora.rank=2')
@@ -138,7 +175,7 @@ def test_a_resume_over_an_added_file_is_a_decision(home, tmp_path):
     assert status == 2, out[-3000:]
     assert out.strip().splitlines()[-1] == (
         f'train.py: error: The corpus of {work} changed since this run '
-        'started: config.data.train_files now matches 4 files (3 when this '
+        'started: config.data.files.train now matches 4 files (3 when this '
         'run started; added: d.txt); pass '
         '--config.data.accept_changed_corpus=true to go on with the new '
         'corpus, which restarts the data iterator.')
@@ -146,7 +183,7 @@ def test_a_resume_over_an_added_file_is_a_decision(home, tmp_path):
                         '--config.data.accept_changed_corpus=true', steps=4)
     assert status == 0, out[-3000:]
     assert ('The corpus changed since this run started: '
-            'config.data.train_files now matches 4 files (3 when this run '
+            'config.data.files.train now matches 4 files (3 when this run '
             'started; added: d.txt); going on with it '
             '(config.data.accept_changed_corpus): the data iterator starts '
             'afresh.') in out
@@ -174,5 +211,5 @@ def test_an_old_workdir_with_relative_paths_still_resumes(tmp_path,
   (tmp_path / 'old' / 'config.json').write_text(json.dumps(exp.to_dict()))
   assert not trainer.check_resumable(exp, 'old').data.accept_changed_corpus
   moved = exp.replace(**{'data.train_files': 'elsewhere/*.txt'})
-  with pytest.raises(Exception, match='data \\(train_files\\)'):
-    trainer.check_resumable(Experiment.of(moved), 'old')
+  with pytest.raises(Exception, match='data \\(files\\)'):
+    trainer.check_resumable(moved, 'old')
