@@ -116,7 +116,7 @@ def evaluate(eval_step, params, config: EvalConfig, tokenizer, mesh,
   raises scores.Interrupted.
   """
   score = (scores.mixture_loss_metrics if config.data.mixture
-           else scores.loss_metrics)  # per source too (data/mixture.py)
+           else scores.loss_metrics)  # per source too (a mixture)
   metrics = score(eval_step, params, config.data, tokenizer, mesh,
                   (config.batch_size, config.seq_len),
                   max_batches=config.max_batches, stop=stop)
