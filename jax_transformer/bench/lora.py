@@ -19,6 +19,7 @@ and temporaries, donated buffers once).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -63,9 +64,10 @@ def run(rounds: int = 5, config: str = CONFIG, rank: int = RANK,
   """One row (see the module docstring). overrides: top-level fields
   (seq_len, batch_size) or model fields (``model={'d_model': 64}``) of
   the config, for a smaller run."""
-  model = {f'model.{k}': v for k, v in overrides.pop('model', {}).items()}
-  full_exp = doors.load(config).replace(**model, **overrides,
-                                        **{'lora.rank': 0})
+  exp = doors.load(config)
+  # All model fields at once: each is checked against the others.
+  model = dataclasses.replace(exp.model, **overrides.pop('model', {}))
+  full_exp = exp.replace(model=model, **overrides, **{'lora.rank': 0})
   lora_exp = full_exp.replace(**{'lora.rank': rank})
   case = dict(config=full_exp.model_config(vocab), kind=full_exp.model_kind,
               batch=full_exp.batch_size, src_len=0, tgt_len=full_exp.seq_len)

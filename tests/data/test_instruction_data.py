@@ -12,7 +12,7 @@ import pytest
 from jax_transformer import data
 from jax_transformer.data import batching, chat, files, splits
 from jax_transformer.errors import UsageError
-from jax_transformer.train import steps
+from jax_transformer.model import families
 
 RECORDS = [{'prompt': f'Q{i}: what is {i} + {i}?\nA:',
             'completion': f' {2 * i}.'} for i in range(12)]
@@ -90,11 +90,12 @@ def fixed_template(messages):
 
 
 def forward_weights(b):
-  class Stub:
-    def __call__(self, inputs, mask, **kw):
-      return jnp.zeros(inputs.shape + (3,))
+  """The loss weights the decoder LM's family takes from batch b (what
+  steps.forward hands the loss)."""
   batch = {k: jnp.asarray(v) for k, v in b.items()}
-  return np.asarray(steps.forward(Stub(), batch, True)[2])
+  call = families.DECODER_LM.loss_call(batch,
+                                       lambda s: {'segment_ids': s})
+  return np.asarray(call.weights)
 
 
 def test_chats_are_kept_as_messages_and_rendered_when_tokenized():

@@ -156,8 +156,8 @@ def test_a_full_disk_is_refused_before_the_first_step(tmp_path, monkeypatch):
     ({'mesh.data': 3}, r'needs 3 devices but 8 are available'),
     ({'batch_size': 12, 'mesh.data': 8}, r'Batch size 12 is not divisible'),
     ({'seq_len': 128}, r'seq_len=128 exceeds model.max_len=64'),
-    ({'keep_checkpoints': 0}, r'keep_checkpoints must be a positive'),
-    ({'checkpoint_every': 0}, r'checkpoint_every must be a positive'),
+    ({'keep_checkpoints': 0}, r'keep_checkpoints must be an integer >= 1'),
+    ({'checkpoint_every': 0}, r'checkpoint_every must be an integer >= 1'),
 ])
 def test_a_bad_config_is_refused_before_data_preparation(
     tmp_path, no_data_preparation, fields, message):
