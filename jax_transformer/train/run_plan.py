@@ -79,14 +79,17 @@ def mesh_for(exp: Experiment, devices=None) -> Mesh:
   """exp's mesh over devices (default all), after refusing in one
   sentence a model or a mesh that cannot work (before any data is
   prepared: the vocabulary is not known yet, a stand-in size checks the
-  rest), accelerators that are not there, or batches the mesh cannot
-  split."""
+  rest), accelerators that are not there, or batches and rows the mesh
+  cannot split."""
   exp.model_config(1)
   if devices is None:
     jax_devices.check_accelerators(exp.mesh.sizes)
   mesh = sharding.make_mesh(exp.mesh.sizes, devices)
   for size in (exp.batch_size, exp.eval_batch_size):
     sharding.check_batch(size, mesh)
+  sharding.check_length(exp.seq_len, mesh)
+  if exp.source_len:
+    sharding.check_length(exp.source_len, mesh, 'data.src_len')
   return mesh
 
 

@@ -1,0 +1,166 @@
+"""The 'sequence' mesh axis (context parallelism): a row's positions split
+over devices, keys and values gathered for attention, and the loss and its
+gradients those of one device, with padding and with packed segments."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_transformer.cli import load_config
+from jax_transformer.errors import UsageError
+from jax_transformer.experiment import Experiment
+from jax_transformer.model import sharding
+from jax_transformer.train import model_setup, run_plan, steps
+
+# One xdist worker for the module: the one-device programs compile once.
+pytestmark = pytest.mark.xdist_group('sequence_axis')
+
+VOCAB, B, T = 64, 8, 32
+
+
+def _config(**mesh):
+  cfg = load_config('lm_shakespeare:tiny')
+  cfg.model.update(d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+                   dropout_rate=0.0, positional='rotary')
+  cfg.update(seq_len=T, batch_size=B, eval_batch_size=B)
+  cfg.mesh.update({'data': 1, **mesh})
+  return cfg
+
+
+def _batch(packed: bool):
+  """Rows of random tokens: right-padded rows of different lengths, or
+  rows packed with two or three segments and padding at the end."""
+  rs = np.random.RandomState(1)
+  ids = rs.randint(3, VOCAB, (B, T + 1)).astype(np.int32)
+  seg = np.zeros((B, T), np.int32)
+  pos = np.zeros((B, T), np.int32)
+  for b in range(B):
+    if packed:
+      # Segments cross the shard boundaries (T / 8 = 4 positions a shard).
+      cuts = [0, 5 + b, 19 + b // 2, T - b]
+    else:
+      cuts = [0, T - 3 * b]
+    for s, (start, end) in enumerate(zip(cuts, cuts[1:])):
+      seg[b, start:end] = s + 1
+      pos[b, start:end] = np.arange(end - start)
+  return {'inputs': ids[:, :-1], 'targets': ids[:, 1:], 'segment_ids': seg,
+          'positions': pos}
+
+
+def _loss_and_grads(mesh_sizes, packed: bool, chunk: int):
+  """(loss per token, gradients by parameter) of one batch on the mesh."""
+  cfg = _config(**mesh_sizes)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
+  devices = None if np.prod(list(mesh_sizes.values())) > 1 else \
+      jax.devices()[:1]
+  mesh = sharding.make_mesh(cfg.mesh, devices)
+  shardings, _ = steps.state_shardings(setup, mesh,
+                                       setup.abstract_state(cfg.seed))
+  params = jax.jit(lambda: setup.init_state(cfg.seed)['params'],
+                   out_shardings=shardings['params'])()
+
+  def loss(p, batch):
+    sums = steps.loss_sums(setup.model_def.merge(p), batch, True,
+                           packed=packed, loss_chunk_size=chunk)
+    return sums['loss'] / sums['tokens']
+
+  grad = jax.jit(jax.value_and_grad(loss),
+                 in_shardings=(shardings['params'],
+                               sharding.batch_sharding(mesh)),
+                 out_shardings=(NamedSharding(mesh, PartitionSpec()),
+                                shardings['params']))
+  batch = jax.device_put(_batch(packed), sharding.batch_sharding(mesh))
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    value, grads = grad(params, batch)
+  return float(value), jax.tree.map(np.asarray, grads)
+
+
+_ONE_DEVICE = {}
+
+
+def _one_device(packed, chunk):
+  key = (packed, chunk)
+  if key not in _ONE_DEVICE:
+    _ONE_DEVICE[key] = _loss_and_grads({}, packed, chunk)
+  return _ONE_DEVICE[key]
+
+
+@pytest.mark.parametrize('mesh_sizes, packed, chunk', [
+    ({'sequence': 2, 'data': 4}, False, 0),
+    ({'sequence': 2, 'fsdp': 4}, True, 16),
+    ({'sequence': 2, 'data': 2, 'tensor': 2}, True, 0),
+    ({'sequence': 4, 'fsdp': 2}, False, 16),
+    ({'sequence': 4, 'tensor': 2}, True, 16),
+    ({'sequence': 8}, False, 16),
+    ({'sequence': 8}, True, 0),
+])
+def test_split_rows_give_the_loss_and_gradients_of_one_device(
+    mesh_sizes, packed, chunk):
+  want_loss, want_grads = _one_device(packed, chunk)
+  loss, grads = _loss_and_grads(mesh_sizes, packed, chunk)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  assert set(grads) == set(want_grads)
+  for name, want in want_grads.items():
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(grads[name], want, rtol=1e-5,
+                               atol=1e-5 * scale, err_msg=name)
+
+
+def test_attention_gathers_keys_and_values_and_nothing_else():
+  """Under sequence 4, the forward pass's only gathers over positions are
+  attention's keys and values; the MLP, norms and loss stay split."""
+  cfg = _config(sequence=4, data=2)
+  setup = model_setup.build(Experiment.of(cfg), VOCAB)
+  mesh = sharding.make_mesh(cfg.mesh)
+  shardings, _ = steps.state_shardings(setup, mesh,
+                                       setup.abstract_state(cfg.seed))
+  params = jax.jit(lambda: setup.init_state(cfg.seed)['params'],
+                   out_shardings=shardings['params'])()
+
+  def loss(p, batch):
+    sums = steps.loss_sums(setup.model_def.merge(p), batch, True,
+                           loss_chunk_size=16)
+    return sums['loss']
+
+  step = jax.jit(jax.grad(loss), in_shardings=(
+      shardings['params'], sharding.batch_sharding(mesh)))
+  batch = jax.device_put(_batch(True), sharding.batch_sharding(mesh))
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    hlo = step.lower(params, batch).compile().as_text()
+  gathers = [line for line in hlo.splitlines() if ' all-gather(' in line]
+  # Keys and values [B / 2, T, K, H], once each (the layers are scanned).
+  kv = f'f32[{B // 2},{T},2,8]'
+  assert gathers and all(kv in line for line in gathers), gathers
+  # The MLP's hidden layer is computed on a quarter of each row.
+  assert f'f32[{B // 2 * T // 4},64]' in hlo
+
+
+def test_the_report_and_the_memory_estimate_show_the_axis():
+  cfg = _config(sequence=4, data=2)
+  exp = Experiment.of(cfg)
+  mesh = run_plan.mesh_for(exp)
+  assert dict(mesh.shape) == {'data': 2, 'fsdp': 1, 'sequence': 4,
+                              'tensor': 1}
+  plan = run_plan.build(exp, mesh, VOCAB)
+  assert "split 4 ways over sequence" in sharding.activation_layout(mesh)
+  whole = run_plan.build(Experiment.of(_config(data=8)),
+                         sharding.make_mesh({'data': 8}), VOCAB)
+  # Rows of the same batch: a quarter of the data shards' rows each, but
+  # each row split four ways.
+  assert plan.estimate.activations < whole.estimate.activations * 4 / 2
+
+
+def test_a_row_the_axis_does_not_divide_is_refused_before_any_data():
+  cfg = _config(sequence=8)
+  cfg.seq_len = 36
+  with pytest.raises(UsageError, match=r'--config\.mesh\.sequence=8') as err:
+    run_plan.mesh_for(Experiment.of(cfg))
+  assert str(err.value).count('.') <= 5 and '\n' not in str(err.value)
+
+
+def test_the_batch_splits_over_data_and_fsdp_only():
+  mesh = sharding.make_mesh({'data': 1, 'fsdp': 2, 'sequence': 4})
+  sharding.check_batch(2, mesh)  # 2 rows: one per fsdp shard
+  with pytest.raises(UsageError, match='2 data x fsdp shards'):
+    sharding.check_batch(3, mesh)
