@@ -55,7 +55,8 @@ def crossing(mesh):
     ({'data': 4, 'fsdp': 2}, {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}),
     # data=1: fsdp crosses instead (as lm_7b's fsdp=-1 over two slices).
     ({'data': 1, 'fsdp': -1}, {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
-    ({'data': 1, 'fsdp': 4, 'tensor': 2}, {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
+    ({'data': 1, 'fsdp': 4, 'tensor': 2},
+     {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
     # Asked for: fsdp across although data could be.
     ({'data': 2, 'fsdp': 4, 'dcn_fsdp': 2},
      {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
