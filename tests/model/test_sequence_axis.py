@@ -176,18 +176,24 @@ def test_attention_gathers_keys_and_values_and_nothing_else():
 
 
 def test_the_report_and_the_memory_estimate_show_the_axis():
-  cfg = _config(sequence=4, data=2)
-  exp = Experiment.of(cfg)
+  exp = Experiment.of(_config(sequence=4, data=2))
   mesh = run_plan.mesh_for(exp)
   assert dict(mesh.shape) == {'data': 2, 'fsdp': 1, 'sequence': 4,
                               'tensor': 1}
   plan = run_plan.build(exp, mesh, VOCAB)
-  assert "split 4 ways over sequence" in sharding.activation_layout(mesh)
-  whole = run_plan.build(Experiment.of(_config(data=8)),
-                         sharding.make_mesh({'data': 8}), VOCAB)
-  # Rows of the same batch: a quarter of the data shards' rows each, but
-  # each row split four ways.
-  assert plan.estimate.activations < whole.estimate.activations * 4 / 2
+  report = sharding.report(plan.setup.abstract_params,
+                           plan.setup.model_def.logical_axes,
+                           plan.param_specs, mesh)
+  assert report.splitlines()[-1] == (
+      'activations [B, T, D]: the batch split 2 ways over data x fsdp, each '
+      "row's positions split 4 ways over sequence, keys and values gathered "
+      'for attention')
+  # The same rows on two devices without the axis: every token's
+  # activations but the gathered keys and values are divided by 4.
+  two = sharding.make_mesh({'data': 2}, jax.devices()[:2])
+  whole = run_plan.build(Experiment.of(_config(data=2)), two, VOCAB)
+  ratio = plan.estimate.activations / whole.estimate.activations
+  assert 0.25 < ratio < 0.4, ratio
 
 
 def test_a_row_the_axis_does_not_divide_is_refused_before_any_data():
