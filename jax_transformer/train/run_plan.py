@@ -87,10 +87,17 @@ def mesh_for(exp: Experiment, devices=None) -> Mesh:
   mesh = sharding.make_mesh(exp.mesh.sizes, devices)
   for size in (exp.batch_size, exp.eval_batch_size):
     sharding.check_batch(size, mesh)
+  check_rows(exp, mesh)
+  return mesh
+
+
+def check_rows(exp: Experiment, mesh: Mesh) -> None:
+  """Refuses in one sentence rows whose positions the mesh's 'sequence'
+  axis does not split evenly (target and, for an encoder-decoder,
+  source)."""
   sharding.check_length(exp.seq_len, mesh)
   if exp.source_len:
     sharding.check_length(exp.source_len, mesh, 'data.src_len')
-  return mesh
 
 
 def build(exp: Experiment, mesh: Mesh, vocab_size: int,
