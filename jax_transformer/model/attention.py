@@ -131,17 +131,19 @@ def whole_rows(kv: Array) -> Array:
 
   Where the mesh splits a row's positions (its 'sequence' axis), each
   device keeps its queries and reads the whole row's keys and values: the
-  compiler all-gathers them over the axis before attention and
-  reduce-scatters their gradients after it, and the scores [B, N, T, S]
-  stay split over T. The fused kernels are not used there: splash's mask
-  is static, so a shard whose queries start mid-row would need one kernel
-  per shard, and JAX's partitioning of cuDNN's kernel refuses a split
-  sequence dimension and queries laid out unlike keys ("Sharding on
-  sequence dim is not allowed"); XLA's attention is partitioned like any
-  einsum. Every shard then
-  computes its whole [T / n, S] block of scores, causal or not, so the
-  causal work is already even (a kernel that skips blocks would want
-  each shard to hold chunks i and 2n - 1 - i).
+  compiler all-gathers them over the axis before attention and sums their
+  gradients back over it after, and the scores [B, N, T, S] stay split
+  over T (on 8 CPU devices these gathers are the step's only ones over
+  the axis: tests/model/test_sequence_axis.py).
+
+  The fused kernels are not used there, XLA's attention is (partitioned
+  like any einsum): splash's mask is static, so a shard whose queries
+  start mid-row would need a kernel of its own, and JAX's partitioning of
+  cuDNN's kernel refuses a split sequence dimension ("Sharding on
+  sequence dim is not allowed"). Every shard computes its whole
+  [T / n, S] block of scores, causal or not, so the causal work is even
+  already; a kernel that skips masked blocks would want each shard to
+  hold chunks i and 2n - 1 - i of the row instead.
   """
   return constrain(kv, ('batch', 'kv_length', 'kv_heads', 'head_dim'))
 
