@@ -5,12 +5,16 @@ gradients those of one device, with padding and with packed segments."""
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.cli import load_config
+from jax_transformer.decoding.api import generate
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
+from jax_transformer.model.config import ModelConfig
+from jax_transformer.model.models import DecoderLM
 from jax_transformer.train import model_setup, run_plan, steps
 
 # One xdist worker for the module: the one-device programs compile once.
@@ -209,3 +213,21 @@ def test_the_batch_splits_over_data_and_fsdp_only():
   sharding.check_batch(2, mesh)  # 2 rows: one per fsdp shard
   with pytest.raises(UsageError, match='2 data x fsdp shards'):
     sharding.check_batch(3, mesh)
+
+
+def test_decoding_on_a_mesh_with_the_axis_gives_the_tokens_of_none():
+  """A workdir trained with sequence > 1 is decoded on its training mesh
+  (``restore.inference_mesh``): prefill splits the prompt's positions,
+  the cache steps do not, and greedy tokens are those of no mesh."""
+  model = DecoderLM(ModelConfig(
+      vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64,
+      num_decoder_layers=2, max_len=64, positional='rotary',
+      dropout_rate=0.0), nnx.Rngs(0))
+  ids = np.random.RandomState(0).randint(3, VOCAB, (B, 16)).astype(np.int32)
+  mask = np.ones((B, 16), bool)
+  mask[1, 12:] = False
+  want = generate(model, ids, mask, max_new_tokens=8, eos_id=None)
+  got = generate(model, ids, mask, max_new_tokens=8, eos_id=None,
+                 mesh=sharding.make_mesh({'data': 2, 'sequence': 4}))
+  np.testing.assert_array_equal(np.asarray(got.tokens),
+                                np.asarray(want.tokens))
