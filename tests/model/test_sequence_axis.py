@@ -15,7 +15,7 @@ from jax_transformer.experiment import Experiment
 from jax_transformer.model import sharding
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.models import DecoderLM
-from jax_transformer.train import model_setup, run_plan, steps
+from jax_transformer.train import model_setup, run_plan, steps, trainer
 
 # One xdist worker for the module: the one-device programs compile once.
 pytestmark = pytest.mark.xdist_group('sequence_axis')
@@ -200,12 +200,20 @@ def test_the_report_and_the_memory_estimate_show_the_axis():
   assert 0.25 < ratio < 0.4, ratio
 
 
-def test_a_row_the_axis_does_not_divide_is_refused_before_any_data():
+def test_a_row_the_axis_does_not_divide_is_refused_before_any_data(
+    tmp_path, monkeypatch):
   cfg = _config(sequence=8)
   cfg.seq_len = 36
-  with pytest.raises(UsageError, match=r'--config\.mesh\.sequence=8') as err:
-    run_plan.mesh_for(Experiment.of(cfg))
-  assert str(err.value).count('.') <= 5 and '\n' not in str(err.value)
+
+  def forbidden(*args, **kwargs):
+    raise AssertionError('prepared data before refusing the mesh')
+
+  monkeypatch.setattr(trainer, 'prepare_data', forbidden)
+  with pytest.raises(UsageError) as err:
+    trainer.train_and_evaluate(cfg, str(tmp_path))
+  assert str(err.value) == (
+      'config.seq_len=36 is not divisible by --config.mesh.sequence=8, '
+      'which splits every row into that many parts; make it a multiple.')
 
 
 def test_the_batch_splits_over_data_and_fsdp_only():
