@@ -105,6 +105,7 @@ def lower_train(cfg: Experiment, devices: list,
   cfg = run_plan.checked(cfg)
   mesh = sharding.make_mesh(cfg.mesh.sizes, devices)
   sharding.check_batch(cfg.batch_size, mesh)
+  run_plan.check_rows(cfg, mesh)
   plan = run_plan.build(cfg, mesh, vocab_size, setup, platform)
   batch = abstract_batch(cfg, mesh)
   start = time.perf_counter()

@@ -54,15 +54,19 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """``config.mesh``: devices as data x fsdp x tensor (one -1: the rest).
+  """``config.mesh``: devices as data x fsdp x sequence x tensor (one -1:
+  the rest).
 
-  Over several TPU slices (GPU hosts) only data and fsdp cross the slow
-  network between them: dcn_data x dcn_fsdp parts of those axes, one per
-  slice (host); both 0 puts data across first, then fsdp
-  (:func:`make_mesh`).
+  sequence splits each row's positions (context parallelism: attention
+  gathers keys and values over it; docs/scaling.md, "Long rows"); the
+  batch splits over data x fsdp only. Over several TPU slices (GPU hosts)
+  only data and fsdp cross the slow network between them: dcn_data x
+  dcn_fsdp parts of those axes, one per slice (host); both 0 puts data
+  across first, then fsdp (:func:`make_mesh`).
   """
   data: int = -1
   fsdp: int = 1
+  sequence: int = 1
   tensor: int = 1
   dcn_data: int = 0
   dcn_fsdp: int = 0

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
-from jax_transformer.model import splash
+from jax_transformer.model import sharding, splash
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.layers import (
   dropout,
@@ -114,6 +114,28 @@ def fused_context(q: Array, k: Array, v: Array, mask: Mask,
         dense, (*dense.shape[:-2], q.shape[1], k.shape[1]))
   return jax.nn.dot_product_attention(q, k, v, **args,
                                       implementation=backend)
+
+
+def whole_rows(kv: Array) -> Array:
+  """Keys or values [B, S, K, H] with all S positions on every device.
+
+  Where the mesh splits a row's positions (its 'sequence' axis), each
+  device keeps its queries and reads the whole row's keys and values: the
+  compiler all-gathers them over the axis before attention and sums their
+  gradients back over it after, and the scores [B, N, T, S] stay split
+  over T (on 8 CPU devices these gathers are the step's only ones over
+  the axis: tests/model/test_sequence_axis.py).
+
+  The fused kernels are not used there, XLA's attention is (partitioned
+  like any einsum): splash's mask is static, so a shard whose queries
+  start mid-row would need a kernel of its own, and JAX's partitioning of
+  cuDNN's kernel refuses a split sequence dimension ("Sharding on
+  sequence dim is not allowed"). Every shard computes its whole
+  [T / n, S] block of scores, causal or not, so the causal work is even
+  already; a kernel that skips masked blocks would want each shard to
+  hold chunks i and 2n - 1 - i of the row instead.
+  """
+  return constrain(kv, ('batch', 'kv_length', 'kv_heads', 'head_dim'))
 
 
 class KVCache(NamedTuple):
@@ -293,9 +315,11 @@ class Attention(nnx.Module):
     """
     rate = self.config.attention_dropout_rate
     mask = as_mask(mask)
+    backend = implementation(self.config, q.dtype)
+    if sharding.splits('length', q.shape[1]) > 1:
+      k, v, backend = whole_rows(k), whole_rows(v), 'xla'
     if deterministic or rate == 0.0:
-      ctx = fused_context(q, k, v, mask,
-                          implementation(self.config, q.dtype))
+      ctx = fused_context(q, k, v, mask, backend)
     else:
       ctx = self._attend_with_dropout(
           q, k, v, mask.dense(q.shape[1], k.shape[1]), rate, rngs)

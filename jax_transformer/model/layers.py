@@ -16,7 +16,11 @@ from flax import nnx
 
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.low_rank import project
-from jax_transformer.model.sharding import constrain
+from jax_transformer.model.sharding import (
+  constrain,
+  from_token_rows,
+  token_rows,
+)
 
 Array = jax.Array
 Initializer = nnx.initializers.Initializer
@@ -250,24 +254,25 @@ class FeedForward(nnx.Module):
     Both projections multiply rows ([B*T, D] and [B*T, F]): with B and T
     apart, XLA:CPU computes wi's weight gradient from a transposed copy of
     [B, T, F] that cost a third of the default job's step (the same
-    products, bit for bit; 'length' is never sharded, so the rows keep
-    the batch's sharding)."""
+    products, bit for bit). The rows keep the activations' sharding, a
+    split 'length' included (:func:`sharding.token_rows`)."""
     dtype = self.config.compute_dtype
     x = x.astype(dtype)
-    rows = x.reshape(-1, x.shape[-1])  # [B*T, D]
-    h = project(rows, self.wi, 'MD,DF->MF', dtype).reshape(*x.shape[:-1], -1)
+    b, t = x.shape[:2]
+    rows = token_rows(x)  # [B*T, D]
+    h = from_token_rows(project(rows, self.wi, 'MD,DF->MF', dtype), b, t)
     if self.use_bias:
       h = h + self.bi[...].astype(dtype)
     if self.gated:
       gate = project(rows, self.wi_gate, 'MD,DF->MF', dtype)
-      h = jax.nn.silu(gate.reshape(h.shape)) * h
+      h = jax.nn.silu(from_token_rows(gate, b, t)) * h
     else:
       h = _ACTIVATIONS[self.config.activation](h)
     h = constrain(h, ('batch', 'length', 'mlp'))
     h = dropout(h, self.config.dropout_rate, rngs, deterministic,
                 self.config.dropout_rng)
-    y = project(h.reshape(-1, h.shape[-1]), self.wo, 'MF,FD->MD', dtype)
-    y = y.reshape(x.shape)
+    y = from_token_rows(
+        project(token_rows(h), self.wo, 'MF,FD->MD', dtype), b, t)
     if self.use_bias:
       y = y + self.bo[...].astype(dtype)
     return y

@@ -1,17 +1,20 @@
 """Device mesh, logical-axis rules and the pre-flight sharding report.
 
 Model code names logical axes ('embed', 'mlp', 'heads', ...); one rules table
-maps them to the mesh axes ('data', 'fsdp', 'tensor'). Batches are split over
-('data', 'fsdp'); parameters are split over 'fsdp' (ZeRO-3 style) and
-'tensor' (Megatron style). Activations are pinned by the same table
-(:func:`constrain`): the batch over ('data', 'fsdp'), heads, MLP features
-and the vocabulary over 'tensor'; 'embed' stays whole in an activation
-because its batch already took 'fsdp'.
+maps them to the mesh axes ('data', 'fsdp', 'sequence', 'tensor'). Batches
+are split over ('data', 'fsdp'); parameters are split over 'fsdp' (ZeRO-3
+style) and 'tensor' (Megatron style). Activations are pinned by the same
+table (:func:`constrain`): the batch over ('data', 'fsdp'), a row's
+positions ('length') over 'sequence' (context parallelism: attention
+gathers keys and values over it, ``attention.Attention.attend``), heads,
+MLP features and the vocabulary over 'tensor'; 'embed' stays whole in an
+activation because its batch already took 'fsdp'.
 
 Over several TPU slices (or GPU hosts) the mesh is hybrid: the same block
 in each, on its fast links, and only 'data' and 'fsdp' crossing the
 data-center network between them, as ``mesh.dcn_data`` and
-``mesh.dcn_fsdp`` say ('data' first by default; :func:`make_mesh`).
+``mesh.dcn_fsdp`` say ('data' first by default; :func:`make_mesh`):
+'sequence' and 'tensor' talk every layer, so they stay inside a slice.
 """
 
 from __future__ import annotations
@@ -27,13 +30,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax_transformer import fields
 from jax_transformer.errors import UsageError
 
-MESH_AXES = ('data', 'fsdp', 'tensor')
+# 'sequence' sits beside 'tensor', inside a slice: both exchange
+# activations in every layer, where 'data' and 'fsdp' exchange weights.
+MESH_AXES = ('data', 'fsdp', 'sequence', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
+# A batch's tokens as rows [B * T] (:func:`token_rows`): the positions'
+# split outermost, so that each device's tokens are one block of rows.
+TOKEN_AXES = ('sequence', 'data', 'fsdp')
 
 # Logical axis -> mesh axis or axes (None: replicated).
 DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
     'batch': BATCH_AXES,
-    'length': None,
+    'length': 'sequence',
+    # Keys and values as attention reads them: every position of the row
+    # on every device, whatever 'length' says of the queries.
+    'kv_length': None,
+    'tokens': TOKEN_AXES,
     'layers': None,
     'vocab': 'tensor',
     'embed': 'fsdp',
@@ -78,13 +90,15 @@ DCN_FIELDS = ('dcn_data', 'dcn_fsdp')
 
 def make_mesh(sizes: Mapping[str, int],
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over all (or the given) devices.
+  """A ('data', 'fsdp', 'sequence', 'tensor') mesh over all (or the given)
+  devices (an axis sizes leaves out is 1).
 
   Devices in several slices (TPU: ``slice_index``) or on several hosts (GPU:
   ``process_index``, where each process holds more than one GPU) get a
   hybrid mesh (``mesh_utils.create_hybrid_device_mesh``): each slice or host
   holds the same block of the mesh, laid out on its fast links (ICI,
-  NVLink), and only 'data' and 'fsdp' cross between them, in the outer part
+  NVLink), and only 'data' and 'fsdp' cross between them ('sequence' and
+  'tensor' stay on the fast links), in the outer part
   of each, as ``sizes['dcn_data']`` and ``sizes['dcn_fsdp']`` say. The run
   (``run_plan.mesh_for``) and the compile for a target
   (``compile.lowering.lower_train``) both build their mesh here, so what a
@@ -136,27 +150,29 @@ def hybrid_shape(sizes: Mapping[str, int], shape: Sequence[int],
   counts = dcn_counts(sizes)
   n = units[1]
   what = f'{units[0]}s' if n > 1 else units[0]
-  data, fsdp, tensor = shape
+  data, fsdp = shape[0], shape[1]
+  inner = (1,) * (len(shape) - 2)  # 'sequence' and 'tensor' never cross
   if counts == (0, 0):
     if n == 1:
-      return tuple(shape), (1, 1, 1)
+      return tuple(shape), (1, 1) + inner
     dcn_data = math.gcd(data, n)
-    dcn = (dcn_data, n // dcn_data, 1)
+    dcn = (dcn_data, n // dcn_data) + inner
     if fsdp % dcn[1]:
       raise UsageError(
           f'Mesh {dict(zip(MESH_AXES, shape))} cannot be split over the {n} '
           f'{what} with only data and fsdp crossing between them: make '
           f'config.mesh.data x config.mesh.fsdp ({data} x {fsdp}) a multiple '
-          f'of {n} (tensor parallelism stays inside a slice or host).')
+          f'of {n} (sequence and tensor parallelism stay inside a slice or '
+          'host).')
   else:
-    dcn = (max(counts[0], 1), max(counts[1], 1), 1)
+    dcn = (max(counts[0], 1), max(counts[1], 1)) + inner
     if dcn[0] * dcn[1] != n or data % dcn[0] or fsdp % dcn[1]:
       raise UsageError(
           f'config.mesh.dcn_data={counts[0]} and dcn_fsdp={counts[1]} do '
           f'not fit mesh {dict(zip(MESH_AXES, shape))} on {n} {what}: their '
           f'product must be {n}, each dividing its axis (or both 0: '
           'automatic).')
-  return (data // dcn[0], fsdp // dcn[1], tensor), dcn
+  return (data // dcn[0], fsdp // dcn[1], *shape[2:]), dcn
 
 
 def spans(mesh: Mesh) -> dict[str, int]:
@@ -206,6 +222,19 @@ def logical_to_spec(axes: Sequence[str],
   return PartitionSpec(*spec)
 
 
+def _mesh_axes(mesh, dim: int, entry) -> tuple[str, ...]:
+  """The mesh axes of a spec entry that split a dimension of size dim
+  under mesh: those the mesh has, larger than 1 (an axis of one device
+  splits nothing, and leaving it out keeps a spec the same with or without
+  it), or none where their product does not divide dim."""
+  names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+  names = tuple(a for a in names
+                if a in mesh.axis_names and mesh.shape[a] > 1)
+  if names and dim % math.prod(mesh.shape[a] for a in names):
+    return ()
+  return names
+
+
 def constrain(x: jax.Array, axes: Sequence[str],
               rules: Mapping[str, str | tuple[str, ...] | None]
               = DEFAULT_RULES) -> jax.Array:
@@ -215,20 +244,57 @@ def constrain(x: jax.Array, axes: Sequence[str],
 
   Without this the compiler propagates layouts from the parameters and may
   pick one that gathers a whole batch or all heads on every device. Mesh
-  axes the current mesh lacks, or that do not divide their dimension, are
-  dropped (the dimension is then replicated over them).
+  axes the current mesh lacks, of size 1, or that do not divide their
+  dimension, are dropped (the dimension is then replicated over them).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return x
   spec = []
   for dim, entry in zip(x.shape, logical_to_spec(axes, rules)):
-    names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-    names = tuple(a for a in names if a in mesh.axis_names)
-    if names and dim % math.prod(mesh.shape[a] for a in names):
-      names = ()
+    names = _mesh_axes(mesh, dim, entry)
     spec.append(names[0] if len(names) == 1 else (names or None))
   return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def splits(name: str, dim: int,
+           rules: Mapping[str, str | tuple[str, ...] | None]
+           = DEFAULT_RULES) -> int:
+  """Into how many parts :func:`constrain` splits a dimension of size dim
+  named ``name`` under the mesh in context (1 without one): how model code
+  asks whether, say, a row's positions are split, without naming a mesh
+  axis."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  return math.prod(mesh.shape[a]
+                   for a in _mesh_axes(mesh, dim, rules.get(name)))
+
+
+def token_rows(x: jax.Array) -> jax.Array:
+  """x [B, T, ...] -> rows [B * T, ...], each device's tokens one block.
+
+  Row-major flattening would interleave the shards where the mesh splits
+  both B and T (a device's [B / d, T / n] tokens are not contiguous in
+  [B * T]), and the compiler would gather T whole to flatten them. With T
+  split n ways the rows go shard of T first: [n, B, T / n] flattened, a
+  layout split over ('sequence', 'data', 'fsdp') without moving a token
+  (the 'tokens' rule). Unsplit, it is the plain reshape.
+  """
+  b, t = x.shape[:2]
+  n = splits('length', t)
+  if n > 1:
+    x = x.reshape(b, n, t // n, *x.shape[2:]).swapaxes(0, 1)
+  return x.reshape(b * t, *x.shape[(3 if n > 1 else 2):])
+
+
+def from_token_rows(rows: jax.Array, b: int, t: int) -> jax.Array:
+  """The inverse of :func:`token_rows`: rows [B * T, ...] -> [B, T, ...]."""
+  n = splits('length', t)
+  if n == 1:
+    return rows.reshape(b, t, *rows.shape[1:])
+  x = rows.reshape(n, b, t // n, *rows.shape[1:]).swapaxes(0, 1)
+  return x.reshape(b, t, *rows.shape[1:])
 
 
 def param_specs(logical_axes: Mapping[str, Sequence[str]],
@@ -270,7 +336,19 @@ def report(abstract_params: Mapping[str, jax.ShapeDtypeStruct],
   lines = ['  '.join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
   lines.append(f'mesh {dict(mesh.shape)}: {total:,} parameter bytes per '
                'device')
+  lines.append(activation_layout(mesh))
   return '\n'.join(lines)
+
+
+def activation_layout(mesh: Mesh) -> str:
+  """One line: how the mesh splits the activations [B, T, D]."""
+  batch = mesh.shape['data'] * mesh.shape['fsdp']
+  positions = mesh.shape.get('sequence', 1)
+  where = ('each row whole' if positions == 1 else
+           f'each row\'s positions split {positions} ways over sequence, '
+           'keys and values gathered for attention')
+  return (f'activations [B, T, D]: the batch split {batch} ways over data x '
+          f'fsdp, {where}')
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -279,11 +357,23 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def check_batch(batch_size: int, mesh: Mesh) -> None:
+  """Refuses a batch that the data x fsdp shards do not divide ('sequence'
+  splits each row, not the batch)."""
   shards = mesh.shape['data'] * mesh.shape['fsdp']
   if batch_size % shards:
     raise UsageError(f'Batch size {batch_size} is not divisible by the '
                      f'{shards} data x fsdp shards of the mesh; use a '
                      f'multiple of {shards}.')
+
+
+def check_length(seq_len: int, mesh: Mesh, name: str = 'seq_len') -> None:
+  """Refuses rows of seq_len positions that the 'sequence' axis does not
+  split evenly (its shards would otherwise fall back to whole rows)."""
+  shards = mesh.shape.get('sequence', 1)
+  if seq_len % shards:
+    raise UsageError(f'config.{name}={seq_len} is not divisible by '
+                     f'--config.mesh.sequence={shards}, which splits every '
+                     'row into that many parts; make it a multiple.')
 
 
 def fsdp_mesh(abstract_params: Mapping[str, jax.ShapeDtypeStruct],

@@ -16,7 +16,7 @@ def check_accelerators(mesh_sizes: dict[str, int],
   accelerator)."""
   devices = jax.devices() if devices is None else devices
   asked = 1
-  for axis in ('data', 'fsdp', 'tensor'):
+  for axis in ('data', 'fsdp', 'sequence', 'tensor'):
     size = mesh_sizes.get(axis, 1)
     if isinstance(size, int) and size > 0:
       asked *= size

@@ -77,11 +77,13 @@ def chunked_cross_entropy(hidden: jax.Array, kernel: jax.Array,
   rows = batch * length
   size = min(chunk_size, rows)
   num_chunks = -(-rows // size)
+  # Rows in the order that keeps each device's tokens together, a row's
+  # positions split over the mesh or not (the sums ignore the order).
   per_token = _token_losses(
-      _to_chunks(hidden.reshape(rows, width), num_chunks, size), kernel,
-      _to_chunks(targets.reshape(rows), num_chunks, size),
+      _to_chunks(sharding.token_rows(hidden), num_chunks, size), kernel,
+      _to_chunks(sharding.token_rows(targets), num_chunks, size),
       float(label_smoothing), float(z_loss), jnp.dtype(compute_dtype))
-  loss, nll = (_from_chunks(x, rows).reshape(batch, length)
+  loss, nll = (sharding.from_token_rows(_from_chunks(x, rows), batch, length)
                for x in per_token)
   weights = weights.astype(jnp.float32)
   return {'loss': (loss * weights).sum(), 'nll': (nll * weights).sum(),
@@ -113,7 +115,7 @@ def _chunk_logits(hidden: jax.Array, kernel: jax.Array, dtype) -> jax.Array:
   """
   return sharding.constrain(
       jnp.einsum('CD,DV->CV', _by_rows(hidden).astype(dtype), kernel,
-                 preferred_element_type=jnp.float32), ('batch', 'vocab'))
+                 preferred_element_type=jnp.float32), ('tokens', 'vocab'))
 
 
 def _gathered(kernel: jax.Array) -> jax.Array:
@@ -126,13 +128,9 @@ def _gathered(kernel: jax.Array) -> jax.Array:
 
 def _batch_shards(rows: int) -> int:
   """How many ways the mesh in context splits a chunk of ``rows`` rows
-  over its batch axes (1 without a mesh, or where they do not divide)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return 1
-  shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES
-                        if a in mesh.axis_names]))
-  return shards if rows % shards == 0 else 1
+  over its batch and position axes (1 without a mesh, or where they do
+  not divide)."""
+  return sharding.splits('tokens', rows)
 
 
 def _split_rows(x: jax.Array, shards: int) -> jax.Array:
@@ -143,12 +141,13 @@ def _split_rows(x: jax.Array, shards: int) -> jax.Array:
 def _per_shard(partial: jax.Array) -> jax.Array:
   """partial [shards, D, V]: one slot per batch shard, each on its shard
   (the vocabulary split over ``tensor``)."""
-  return sharding.constrain(partial, ('batch', None, 'vocab'))
+  return sharding.constrain(partial, ('tokens', None, 'vocab'))
 
 
 def _by_rows(rows: jax.Array) -> jax.Array:
-  """A chunk's rows [C, ...] split over the mesh's batch axes."""
-  return sharding.constrain(rows, ('batch',) + (None,) * (rows.ndim - 1))
+  """A chunk's rows [C, ...] split over the mesh's batch and position
+  axes."""
+  return sharding.constrain(rows, ('tokens',) + (None,) * (rows.ndim - 1))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

@@ -31,7 +31,9 @@ For their layer (16-bit, threefry dropout, F = 4D, explicit attention) this
 gives s*b*h*(38 + 7*a*s/h): their 34 plus the hidden layer's mask, their 5
 with a float32 softmax. Tensor parallelism divides the head- and F-wide
 tensors and the logits by the 'tensor' axis, as in Megatron; D-wide tensors
-count whole.
+count whole. The 'sequence' axis divides every tensor of a token by its
+size, except the keys and values (gathered whole for attention); the
+probabilities [B, N, T, S] lose T's share only.
 
 The estimate counts only what the backward pass must keep, so it errs low:
 a refusal before compiling is sure, and XLA's figure catches the rest. Not
@@ -270,21 +272,27 @@ def _sum(*parts: tuple[float, float]) -> tuple[float, float]:
 
 def activation_bytes(mc: ModelConfig, batch: int, tgt_len: int,
                      src_len: int = 0, tensor: int = 1,
-                     loss_rows: int | None = None) -> int:
+                     loss_rows: int | None = None, sequence: int = 1) -> int:
   """Estimated bytes of activations one device keeps for the backward pass
   (see the module docstring for what is counted).
 
   batch: rows B per device; tgt_len: T (the LM's sequence length);
   src_len: S of an encoder-decoder (0: a decoder LM); tensor: the 'tensor'
   mesh axis; loss_rows: token rows per device in one chunk of a chunked
-  loss (None or 0: the whole [B, T, V] logits).
+  loss (None or 0: the whole [B, T, V] logits); sequence: the 'sequence'
+  mesh axis, which splits each row's positions (its queries) while every
+  device keeps the whole row's keys and values, gathered for attention.
   """
   c, m = _element_bytes(mc)
-  d, tgt, src = mc.d_model, batch * tgt_len, batch * src_len
-  encoder = _sum(_attention(mc, tensor, src, src_len, src),
+  d = mc.d_model
+  # Tokens a device holds, and the whole rows its attention reads.
+  tgt, src = batch * tgt_len // sequence, batch * src_len // sequence
+  tgt_rows, src_rows = batch * tgt_len, batch * src_len
+  encoder = _sum(_attention(mc, tensor, src, src_len, src_rows),
                  _feed_forward(mc, tensor, src))
-  cross = _attention(mc, tensor, tgt, src_len, src) if src_len else (0, 0)
-  decoder = _sum(_attention(mc, tensor, tgt, tgt_len, tgt), cross,
+  cross = (_attention(mc, tensor, tgt, src_len, src_rows) if src_len
+           else (0, 0))
+  decoder = _sum(_attention(mc, tensor, tgt, tgt_len, tgt_rows), cross,
                  _feed_forward(mc, tensor, tgt))
   layers = (_stack(encoder, mc.num_encoder_layers, c * d * src, mc.remat)
             + _stack(decoder, mc.num_decoder_layers, c * d * tgt, mc.remat))
@@ -304,11 +312,14 @@ def estimate(shape: StepShape, loss_chunk_size: int,
   as ``steps.state_shardings`` plans them)."""
   params, rest = state_bytes(abstract_state, shardings)
   shards = mesh.shape['data'] * mesh.shape['fsdp']
-  # A loss chunk takes rows from the whole batch: each device holds its
-  # share.
+  sequence = mesh.shape.get('sequence', 1)
+  # A loss chunk takes rows from the whole batch and every position: each
+  # device holds its share.
   acts = activation_bytes(model_config, shape.batch_size // shards,
                           shape.seq_len, shape.source_len,
-                          mesh.shape['tensor'], -(-loss_chunk_size // shards))
+                          mesh.shape['tensor'],
+                          -(-loss_chunk_size // (shards * sequence)),
+                          sequence)
   # Gradients have the parameters' shapes, dtypes and shardings.
   return Footprint(params, rest, params, acts,
                    gathered_bytes(model_config, mesh))

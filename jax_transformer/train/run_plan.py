@@ -79,15 +79,25 @@ def mesh_for(exp: Experiment, devices=None) -> Mesh:
   """exp's mesh over devices (default all), after refusing in one
   sentence a model or a mesh that cannot work (before any data is
   prepared: the vocabulary is not known yet, a stand-in size checks the
-  rest), accelerators that are not there, or batches the mesh cannot
-  split."""
+  rest), accelerators that are not there, or batches and rows the mesh
+  cannot split."""
   exp.model_config(1)
   if devices is None:
     jax_devices.check_accelerators(exp.mesh.sizes)
   mesh = sharding.make_mesh(exp.mesh.sizes, devices)
   for size in (exp.batch_size, exp.eval_batch_size):
     sharding.check_batch(size, mesh)
+  check_rows(exp, mesh)
   return mesh
+
+
+def check_rows(exp: Experiment, mesh: Mesh) -> None:
+  """Refuses in one sentence rows whose positions the mesh's 'sequence'
+  axis does not split evenly (target and, for an encoder-decoder,
+  source)."""
+  sharding.check_length(exp.seq_len, mesh)
+  if exp.source_len:
+    sharding.check_length(exp.source_len, mesh, 'data.src_len')
 
 
 def build(exp: Experiment, mesh: Mesh, vocab_size: int,

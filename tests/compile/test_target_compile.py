@@ -157,6 +157,27 @@ def train_aot(*flags, pythonpath=None):
 
 
 @needs_tpu
+@needs_tpu
+@pytest.mark.slow
+def test_rows_split_over_the_sequence_axis_compile_for_a_tpu():
+  """sequence 2 on a v5e-4: attention leaves the splash kernel for XLA's
+  (a split query), and the step's all-gathers are the keys and values."""
+  out = compile_at_size('--target', 'v5e-4', '--config',
+                        'lm_shakespeare:tiny', '--config.batch_size=8',
+                        '--config.mesh.data=2', '--config.mesh.sequence=2',
+                        '--config.seq_len=256', '--config.model.max_len=256',
+                        '--train_only')
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.strip().splitlines()[-1])
+  assert row['mesh'] == {'data': 2, 'fsdp': 1, 'sequence': 2, 'tensor': 1}
+  assert row['fits'] and row['attention_kernel'] == 'xla'
+  assert row['attention_kernels_in_hlo'] == []
+  # Keys and values (one layer), each gathered once.
+  counts = row['async_collectives']
+  assert counts['async']['all-gather'] + counts['sync']['all-gather'] == 2
+  assert row['collective_bytes']['all-gather'] > 0
+
+
 @pytest.mark.slow
 def test_a_tiny_lm_compiles_for_v5e_4_with_the_tpu_compiler(tmp_path):
   # Whole 128-token blocks: the splash kernel takes the attention.
@@ -259,10 +280,11 @@ def test_two_slices_compile_with_the_data_axis_across_them():
   # The train step alone: no eval step or decode was compiled.
   assert row['compile_s'] > 0
   assert not any(k.startswith(('eval_', 'decode_')) for k in row), row
-  assert row['mesh'] == {'data': 2, 'fsdp': 4, 'tensor': 1}
+  assert row['mesh'] == {'data': 2, 'fsdp': 4, 'sequence': 1, 'tensor': 1}
   # The hybrid mesh the run builds (model/sharding.make_mesh): data alone
   # crosses between the slices.
-  assert row['mesh_spans'] == {'data': 2, 'fsdp': 1, 'tensor': 1}
+  assert row['mesh_spans'] == {'data': 2, 'fsdp': 1, 'sequence': 1,
+                               'tensor': 1}
   assert row['fits']
   # The gradients' reduction over data crosses the slices and is priced
   # at the data-center network's 25 Gb/s a chip, not the chips' links.
@@ -311,7 +333,8 @@ def test_a_tiny_lm_compiles_for_two_h100_hosts_with_fsdp_across_them():
   assert out.returncode == 0, out.stderr[-3000:]
   row = json.loads(out.stdout.strip().splitlines()[-1])
   assert row['devices'] == 16 and row['fits']
-  assert row['mesh_spans'] == {'data': 1, 'fsdp': 2, 'tensor': 1}
+  assert row['mesh_spans'] == {'data': 1, 'fsdp': 2, 'sequence': 1,
+                               'tensor': 1}
   # FSDP over both hosts: its gathers and reductions cross them, priced
   # at the network's 8 x 400 Gb/s a host (50 GB/s a GPU), a ninth of
   # NVLink's 450 GB/s; --network_gbps sets another rate.

@@ -50,15 +50,19 @@ def crossing(mesh):
 
 
 @pytest.mark.parametrize('sizes, crosses', [
-    ({'data': 2, 'fsdp': 4}, {'data': 2, 'fsdp': 1, 'tensor': 1}),
-    ({'data': -1}, {'data': 2, 'fsdp': 1, 'tensor': 1}),
-    ({'data': 4, 'fsdp': 2}, {'data': 2, 'fsdp': 1, 'tensor': 1}),
+    ({'data': 2, 'fsdp': 4}, {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}),
+    ({'data': -1}, {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}),
+    ({'data': 4, 'fsdp': 2}, {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}),
     # data=1: fsdp crosses instead (as lm_7b's fsdp=-1 over two slices).
-    ({'data': 1, 'fsdp': -1}, {'data': 1, 'fsdp': 2, 'tensor': 1}),
-    ({'data': 1, 'fsdp': 4, 'tensor': 2}, {'data': 1, 'fsdp': 2, 'tensor': 1}),
+    ({'data': 1, 'fsdp': -1}, {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
+    ({'data': 1, 'fsdp': 4, 'tensor': 2},
+     {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
     # Asked for: fsdp across although data could be.
     ({'data': 2, 'fsdp': 4, 'dcn_fsdp': 2},
-     {'data': 1, 'fsdp': 2, 'tensor': 1}),
+     {'data': 1, 'fsdp': 2, 'sequence': 1, 'tensor': 1}),
+    # 'sequence', like 'tensor', stays inside a slice.
+    ({'data': 2, 'fsdp': 2, 'sequence': 2},
+     {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}),
 ])
 def test_only_the_outer_part_of_data_or_fsdp_crosses_two_slices(sizes,
                                                                  crosses):
@@ -71,12 +75,13 @@ def test_only_the_outer_part_of_data_or_fsdp_crosses_two_slices(sizes,
   first = np.take(owner, range(mesh.shape[axis] // 2),
                   axis=mesh.axis_names.index(axis))
   assert (first == 0).all()
-  assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 3
+  assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 4
 
 
 def test_four_slices_take_data_first_then_fsdp():
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 4}, slices(4, 2))
-  assert crossing(mesh) == {'data': 2, 'fsdp': 2, 'tensor': 1}
+  assert crossing(mesh) == {'data': 2, 'fsdp': 2, 'sequence': 1,
+                            'tensor': 1}
   # Each slice holds one 1 x 2 x 1 block: its two devices share a data row.
   owner = np.vectorize(lambda d: d.slice_index)(mesh.devices)
   for s in range(4):
@@ -85,7 +90,8 @@ def test_four_slices_take_data_first_then_fsdp():
 
 @pytest.mark.parametrize('sizes, message', [
     ({'data': 1, 'fsdp': 1, 'tensor': 8},
-     "Mesh {'data': 1, 'fsdp': 1, 'tensor': 8} cannot be split over the 2 "
+     "Mesh {'data': 1, 'fsdp': 1, 'sequence': 1, 'tensor': 8} cannot be "
+     'split over the 2 '
      'slices with only data and fsdp crossing between them: make '
      'config.mesh.data x config.mesh.fsdp (1 x 1) a multiple of 2'),
     ({'data': 1, 'fsdp': 8, 'dcn_data': 2},
@@ -122,7 +128,8 @@ def test_gpu_hosts_are_processes_that_hold_several_gpus():
 def test_one_slice_keeps_the_plain_mesh():
   mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
   assert list(mesh.devices.flat) == jax.devices()
-  assert sharding.spans(mesh) == {'data': 1, 'fsdp': 1, 'tensor': 1}
+  assert sharding.spans(mesh) == {'data': 1, 'fsdp': 1, 'sequence': 1,
+                                  'tensor': 1}
 
 
 needs_tpu = pytest.mark.skipif(
@@ -145,7 +152,8 @@ def test_two_tpu_slices_and_their_compile_build_one_mesh(monkeypatch):
   cfg.mesh.update(data=2, fsdp=4)
   cfg.batch_size = 16
   mesh = sharding.make_mesh(cfg.mesh, devices)
-  assert sharding.spans(mesh) == {'data': 2, 'fsdp': 1, 'tensor': 1}
+  assert sharding.spans(mesh) == {'data': 2, 'fsdp': 1, 'sequence': 1,
+                                  'tensor': 1}
   # Within a slice, fsdp runs over the 2x2 chips' torus, as on the slice.
   assert {tuple(d.coords) for d in mesh.devices[0].flat} == {
       (0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)}

@@ -43,7 +43,8 @@ def test_mpirun_ranks_join_one_job_and_train_on_a_mesh_of_2(
   for rank in (0, 1):
     assert f'Job: 2 processes (this is {rank}), 1 cpu device each' in (
         out.stdout + out.stderr), said
-  assert "mesh {'data': 2, 'fsdp': 1, 'tensor': 1}" in out.stdout, said
+  assert ("mesh {'data': 2, 'fsdp': 1, 'sequence': 1, 'tensor': 1}"
+          in out.stdout), said
   rows = [json.loads(line) for line in
           (work / 'metrics.jsonl').read_text().splitlines()]
   assert rows[-1]['step'] == 10

@@ -79,7 +79,8 @@ ONE_DEVICE = jax.local_devices()[:1]
 
 def test_the_fsdp_trained_model_is_restored_over_all_8_devices(fsdp_workdir):
   trained = restore.load_model(fsdp_workdir)
-  assert dict(trained.mesh.shape) == {'data': 1, 'fsdp': 8, 'tensor': 1}
+  assert dict(trained.mesh.shape) == {'data': 1, 'fsdp': 8, 'sequence': 1,
+                                      'tensor': 1}
   embedding = params_lib.split(trained.model)[1]['embed.embedding']
   assert len(embedding.sharding.device_set) == 8
   # Each device holds an eighth of it, not a copy.

@@ -111,7 +111,7 @@ def test_the_parts_build_what_they_configure():
   assert float(schedule(exp.optim.warmup_steps)) == pytest.approx(
       exp.optim.learning_rate)
   mesh = sharding.make_mesh(exp.mesh.sizes)
-  assert mesh.axis_names == ('data', 'fsdp', 'tensor')
+  assert mesh.axis_names == ('data', 'fsdp', 'sequence', 'tensor')
   assert DataConfig.of('lm1b').name == 'lm1b'
   with pytest.raises(UsageError, match='config.optim.optimizer'):
     optim.build(OptimConfig(optimizer='sgd'), 8, 10, {})
