@@ -71,18 +71,25 @@ def _translation_batch(packed: bool):
           'tgt_positions': lm['positions']}
 
 
-def _loss_and_grads(mesh_sizes, packed: bool, chunk: int,
-                    translation: bool = False):
-  """(loss per token, gradients by parameter) of one batch on the mesh."""
-  cfg = (_translation_config if translation else _config)(**mesh_sizes)
+def _sharded_start(cfg, devices=None):
+  """(setup, mesh, state shardings, fresh parameters placed on them) of a
+  config on its mesh over devices (default all)."""
   setup = model_setup.build(Experiment.of(cfg), VOCAB)
-  devices = None if np.prod(list(mesh_sizes.values())) > 1 else \
-      jax.devices()[:1]
   mesh = sharding.make_mesh(cfg.mesh, devices)
   shardings, _ = steps.state_shardings(setup, mesh,
                                        setup.abstract_state(cfg.seed))
   params = jax.jit(lambda: setup.init_state(cfg.seed)['params'],
                    out_shardings=shardings['params'])()
+  return setup, mesh, shardings, params
+
+
+def _loss_and_grads(mesh_sizes, packed: bool, chunk: int,
+                    translation: bool = False):
+  """(loss per token, gradients by parameter) of one batch on the mesh."""
+  cfg = (_translation_config if translation else _config)(**mesh_sizes)
+  devices = None if np.prod(list(mesh_sizes.values())) > 1 else \
+      jax.devices()[:1]
+  setup, mesh, shardings, params = _sharded_start(cfg, devices)
 
   def loss(p, batch):
     sums = steps.loss_sums(setup.model_def.merge(p), batch, True,
@@ -153,13 +160,8 @@ def test_the_encoder_decoder_splits_its_rows_the_same_way(mesh_sizes,
 def test_attention_gathers_keys_and_values_and_nothing_else():
   """Under sequence 4, the forward pass's only gathers over positions are
   attention's keys and values; the MLP, norms and loss stay split."""
-  cfg = _config(sequence=4, data=2)
-  setup = model_setup.build(Experiment.of(cfg), VOCAB)
-  mesh = sharding.make_mesh(cfg.mesh)
-  shardings, _ = steps.state_shardings(setup, mesh,
-                                       setup.abstract_state(cfg.seed))
-  params = jax.jit(lambda: setup.init_state(cfg.seed)['params'],
-                   out_shardings=shardings['params'])()
+  setup, mesh, shardings, params = _sharded_start(
+      _config(sequence=4, data=2))
 
   def loss(p, batch):
     sums = steps.loss_sums(setup.model_def.merge(p), batch, True,
