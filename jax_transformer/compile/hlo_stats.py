@@ -11,6 +11,7 @@ per step.
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import numpy as np
@@ -480,6 +481,43 @@ def collective_bytes(hlo: str) -> dict[str, int]:
     if kind in totals and not op.endswith('-done') and name not in copies:
       totals[kind] += _bytes(shape) * runs.get(name, 0)
   return totals
+
+
+def collective_bytes_by_axes(hlo: str, axes: dict[str, int]
+                             ) -> dict[str, int]:
+  """Bytes per step of the collectives (as :func:`collective_bytes` counts
+  them, every kind together) by the mesh axes their groups span, e.g.
+  {'fsdp': n, 'sequence': m, 'fsdp+sequence': k}: axes {name: size} in the
+  mesh's order, partition p at the mesh position of its index (a jit's
+  devices in the mesh's order). Groups not read here count as 'unread'."""
+  comps, runs = _parsed(hlo)
+  copies = _async_copies(comps)
+  out: dict[str, int] = {}
+  for name, op, shape, line in _instructions(comps):
+    kind = op.removesuffix('-start')
+    if kind not in COLLECTIVES or op.endswith('-done') or name in copies:
+      continue
+    key = _axes_spanned(replica_groups(line), axes)
+    out[key] = out.get(key, 0) + _bytes(shape) * runs.get(name, 0)
+  return out
+
+
+def _axes_spanned(groups: list[list[int]] | None,
+                  axes: dict[str, int]) -> str:
+  """The mesh axes along which the members of some group differ, joined
+  by '+' ('unread' for groups not read; [] is every partition)."""
+  if groups is None:
+    return 'unread'
+  names, sizes = list(axes), list(axes.values())
+  if not groups:
+    return '+'.join(n for n, size in zip(names, sizes) if size > 1)
+  spanned = set()
+  for group in groups:
+    if any(p >= math.prod(sizes) for p in group):
+      return 'unread'
+    coords = np.unravel_index(np.asarray(group), sizes)
+    spanned.update(i for i, c in enumerate(coords) if len(set(c)) > 1)
+  return '+'.join(names[i] for i in sorted(spanned)) or 'none'
 
 
 def collective_launches(hlo: str) -> int:

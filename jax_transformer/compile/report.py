@@ -242,6 +242,12 @@ def report(cfg: Experiment, spec: str, target_name: str,
       'async_collectives': (
           hlo_stats.async_collectives(train.compiled.as_text())
           if train.compiled is not None else None),
+      # Which mesh axes the step's collectives run over ('sequence': the
+      # keys and values gathered for attention, their gradients summed).
+      'collective_bytes_by_axes': (
+          hlo_stats.collective_bytes_by_axes(train.compiled.as_text(),
+                                             dict(mesh.shape))
+          if train.compiled is not None else None),
   }
   row.update(roofline(train, cfg.step_shape, cfg.optim.grad_accum_steps, setup,
                       step_model.Rates.of_target(target, network_bytes_per_s),
@@ -332,7 +338,12 @@ def summary(row: dict[str, Any]) -> str:
   mfu = (f'{row["predicted_mfu"]:.0%} (links {row["link_share"]:.0%} of '
          f'the step), by the step model v{row["cost_version"]}'
          if row.get('predicted_mfu') is not None else 'unknown')
+  by_axes = row.get('collective_bytes_by_axes') or {}
+  over_rows = sum(v for k, v in by_axes.items() if 'sequence' in k.split('+'))
+  rows = (f'; collectives over the sequence axis '
+          f'{memory.readable(over_rows)} a step'
+          if row['mesh'].get('sequence', 1) > 1 and by_axes else '')
   return (f'{row["config"]} on {row["target"]} ({row["devices"]} x '
           f'{row["device_kind"]}, mesh {row["mesh"]}): {verdict}: {need} '
           f'per chip of {have}; compiled in {row["compile_s"]:.1f} s; '
-          f'predicted MFU {mfu}; attention {row["attention_kernel"]}.')
+          f'predicted MFU {mfu}; attention {row["attention_kernel"]}{rows}.')

@@ -59,7 +59,8 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
              key: Array | None = None, eos_id: int | None = EOS_ID,
              pad_id: int = PAD_ID, bos_id: int = BOS_ID,
              mesh: Mesh | None = None, dtype: str | None = None,
-             weights: str | None = None) -> Generation:
+             weights: str | None = None,
+             prefill_chunk: int | None = None) -> Generation:
   """Generates up to ``max_new_tokens`` per sequence with a KV cache.
 
   model: a DecoderLM (continues ``prompt_ids``) or an EncoderDecoder
@@ -82,10 +83,15 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
     holds the matmul kernels as int8 with per-channel scales. The copy is
     made on every call: to decode often, make it once with ``for_decoding``
     and pass that model.
+  prefill_chunk: a prompt longer than this many tokens is read into the
+    cache a chunk at a time (memory bounded by the chunk, not the prompt;
+    the same tokens); None reads it at once.
 
   Returns ``Generation(tokens [B, N], lengths [B])``.
   """
   n = check_positive('max_new_tokens', max_new_tokens)
+  if prefill_chunk is not None:
+    prefill_chunk = check_positive('prefill_chunk', prefill_chunk)
   if not callable(sampler):
     raise TypeError('sampler must be callable as sampler(logits, key), e.g. '
                     'jax_transformer.decoding.sampling.greedy or Sampler(...).')
@@ -100,7 +106,7 @@ def generate(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,
   model = quantize.for_decoding(model, dtype, weights)
   return _run(generate_jit, model, inputs, mesh, key,
               *_special_ids(eos_id, pad_id), max_new_tokens=n,
-              sampler=sampler)
+              sampler=sampler, prefill_chunk=prefill_chunk)
 
 
 def beam_search(model: Model, prompt_ids: Any = None, prompt_mask: Any = None,

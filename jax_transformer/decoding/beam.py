@@ -167,7 +167,7 @@ def beam_search_jit(graphdef, state, inputs: Inputs, eos_id: Array,
   k, n = beam_size, max_len
   # The prompt is run once per sequence, then its cache copied per beam
   # (cross-attention keys/values included: computed once, repeated).
-  logits, cache = prefill(model, inputs, t + n - 1, mesh)
+  logits, cache = prefill(model, inputs, n - 1, mesh)
   axes = _slot_axes(functools.partial(start, model, inputs), t + n - 1)
   cache = jax.tree.map(
       lambda x: x if x.ndim == 0 else jnp.repeat(x, k, axis=0), cache)

@@ -61,10 +61,11 @@ def within(cache: KVCache) -> KVCache:
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'graphdef', 'max_new_tokens', 'sampler', 'mesh'))
+    'graphdef', 'max_new_tokens', 'sampler', 'mesh', 'prefill_chunk'))
 def generate_jit(graphdef, state, inputs: Inputs, key: Array,
                  eos_id: Array, pad_id: Array, *, max_new_tokens: int,
-                 sampler: TokenChooser, mesh: Mesh | None):
+                 sampler: TokenChooser, mesh: Mesh | None,
+                 prefill_chunk: int | None = None):
   # eos_id -1 (no EOS) matches no token.
   model = nnx.merge(graphdef, state)
   b, t = inputs.prompt.shape
@@ -75,7 +76,7 @@ def generate_jit(graphdef, state, inputs: Inputs, key: Array,
   # The last new token is never fed back, so it needs no slot. Overrun
   # steps rewrite the cache's last slot (see within) after every returned
   # token is final, which is harmless.
-  logits, cache = prefill(model, inputs, t + n - 1, mesh)
+  logits, cache = prefill(model, inputs, n - 1, mesh, prefill_chunk)
   first = sampler(logits, jax.random.fold_in(key, 0)).astype(jnp.int32)
   tokens = jnp.full((b, width), pad_id, jnp.int32).at[:, 0].set(first)
   done = first == eos_id

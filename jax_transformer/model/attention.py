@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
-from jax_transformer.model import sharding, splash
+from jax_transformer.model import sharding, splash, split_rows
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.layers import (
   dropout,
@@ -98,12 +98,19 @@ def fused_context(q: Array, k: Array, v: Array, mask: Mask,
   """softmax(q k^T / sqrt(H)) v by backend, without dropout.
 
   q [B, T, N, H], k and v [B, S, K, H] -> [B, T, N, H]. 'splash' runs
-  where the kernel takes the mask (interpreted off a TPU), XLA elsewhere.
+  where the kernel takes the mask (interpreted off a TPU), XLA elsewhere;
+  where the mesh's 'sequence' axis splits the queries, splash and cuDNN
+  run per shard over the whole row's keys (:mod:`split_rows`).
   """
+  shards = sharding.splits('length', q.shape[1])
   if backend == 'splash':
-    if splash.takes(mask, q.shape[1], k.shape[1]):
+    if splash.takes(mask, q.shape[1], k.shape[1], shards):
       return splash.attention(q, k, v, mask,
                               interpret=_platform() != 'tpu')
+    backend = 'xla'
+  if backend == 'cudnn' and shards > 1:
+    if split_rows.takes(mask):
+      return split_rows.attention(q, k, v, mask)
     backend = 'xla'
   args = attention_args(mask)
   if backend == 'cudnn' and args['mask'] is not None:
@@ -126,14 +133,13 @@ def whole_rows(kv: Array) -> Array:
   over T (on 8 CPU devices these gathers are the step's only ones over
   the axis: tests/model/test_sequence_axis.py).
 
-  The fused kernels are not used there, XLA's attention is (partitioned
-  like any einsum): splash's mask is static, so a shard whose queries
-  start mid-row would need a kernel of its own, and JAX's partitioning of
-  cuDNN's kernel refuses a split sequence dimension ("Sharding on
-  sequence dim is not allowed"). Every shard computes its whole
-  [T / n, S] block of scores, causal or not, so the causal work is even
-  already; a kernel that skips masked blocks would want each shard to
-  hold chunks i and 2n - 1 - i of the row instead.
+  XLA's attention (CPU, float32 on a GPU) is partitioned like any
+  einsum: every shard computes its whole [T / n, S] block of scores,
+  causal or not, so its causal work is even. Splash runs per shard with
+  its block tables cut along the queries (:mod:`splash`), and cuDNN per
+  shard with the shard's causal mask written out (:mod:`split_rows`);
+  both skip or mask the blocks above the diagonal, so the last shard
+  of a causal row does the most work (2n - 1 blocks to the first's 1).
   """
   return constrain(kv, ('batch', 'kv_length', 'kv_heads', 'head_dim'))
 
@@ -317,7 +323,8 @@ class Attention(nnx.Module):
     mask = as_mask(mask)
     backend = implementation(self.config, q.dtype)
     if sharding.splits('length', q.shape[1]) > 1:
-      k, v, backend = whole_rows(k), whole_rows(v), 'xla'
+      k, v = whole_rows(k), whole_rows(v)
+      backend = backend if backend in ('splash', 'cudnn') else 'xla'
     if deterministic or rate == 0.0:
       ctx = fused_context(q, k, v, mask, backend)
     else:

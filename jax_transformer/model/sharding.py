@@ -271,6 +271,19 @@ def splits(name: str, dim: int,
                    for a in _mesh_axes(mesh, dim, rules.get(name)))
 
 
+def manual_spec(mesh, shape: Sequence[int],
+                axes: Sequence[tuple[str, ...]]) -> PartitionSpec:
+  """A ``jax.shard_map`` spec: the mesh axes named for each dimension of
+  shape, dropped where the mesh lacks them or they do not divide it."""
+  spec = []
+  for dim, names in zip(shape, axes):
+    names = tuple(a for a in names if a in mesh.axis_names)
+    if names and dim % math.prod(mesh.shape[a] for a in names):
+      names = ()
+    spec.append(names or None)
+  return PartitionSpec(*spec)
+
+
 def token_rows(x: jax.Array) -> jax.Array:
   """x [B, T, ...] -> rows [B * T, ...], each device's tokens one block.
 
@@ -358,12 +371,22 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def check_batch(batch_size: int, mesh: Mesh) -> None:
   """Refuses a batch that the data x fsdp shards do not divide ('sequence'
-  splits each row, not the batch)."""
+  splits each row, not the batch); where rows are whole, the refusal names
+  the sequence axis that would let fewer rows fill the mesh."""
   shards = mesh.shape['data'] * mesh.shape['fsdp']
-  if batch_size % shards:
-    raise UsageError(f'Batch size {batch_size} is not divisible by the '
-                     f'{shards} data x fsdp shards of the mesh; use a '
-                     f'multiple of {shards}.')
+  if batch_size % shards == 0:
+    return
+  advice = f'use a multiple of {shards}'
+  rows_split = mesh.shape.get('sequence', 1)
+  # The fewest splits of each row that leave data x fsdp dividing the batch.
+  split = next((n for n in range(2, shards + 1)
+                if shards % n == 0 and batch_size % (shards // n) == 0), None)
+  if rows_split == 1 and split is not None:
+    advice += (f', or split each row over the sequence axis '
+               f'(--config.mesh.sequence={split} leaves {shards // split} '
+               'data x fsdp shards)')
+  raise UsageError(f'Batch size {batch_size} is not divisible by the '
+                   f'{shards} data x fsdp shards of the mesh; {advice}.')
 
 
 def check_length(seq_len: int, mesh: Mesh, name: str = 'seq_len') -> None:

@@ -19,7 +19,9 @@ stays on XLA's path: :func:`takes` says which.
 
 A Pallas call cannot be partitioned by the compiler, so under a mesh the
 kernel runs per shard (``jax.shard_map``): batch over ('data', 'fsdp'),
-heads over 'tensor', as :func:`sharding.constrain` lays them out.
+heads over 'tensor', a row's queries over 'sequence' (each shard reading
+the whole row's keys and values), as :func:`sharding.constrain` lays them
+out.
 """
 
 from __future__ import annotations
@@ -43,12 +45,20 @@ LANES = 128
 BLOCK = 512
 
 
-def takes(mask: Mask, num_queries: int, num_keys: int) -> bool:
-  """Whether the kernel computes this self-attention exactly."""
+def takes(mask: Mask, num_queries: int, num_keys: int,
+          shards: int = 1) -> bool:
+  """Whether the kernel computes this self-attention exactly, its queries
+  split into ``shards`` parts of the row (the mesh's 'sequence' axis)."""
   if mask.dense_part is not None or num_queries != num_keys:
     return False
-  if num_queries % LANES:
+  if num_queries % shards or (num_queries // shards) % LANES:
     return False
+  if shards > 1 and not mask.causal:
+    # Split rows of a full mask have no partial blocks, which the
+    # kernel's block tables cannot be cut from (jax 0.10).
+    return False
+  if mask.causal and num_queries % (shards * shards):
+    return False  # the lazy causal mask's rule for a split row
   packed = mask.key_segments is not None
   if packed and (mask.key_lengths is not None
                  or mask.query_segments is not mask.key_segments):
@@ -63,11 +73,14 @@ def _block(length: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
-            interpret: bool):
-  """The splash kernel for [num_heads, length, H] queries (one row)."""
+            interpret: bool, shards: int = 1):
+  """The splash kernel for [num_heads, length, H] queries (one row), its
+  block tables cut into ``shards`` parts along the queries: each shard of
+  a row split over 'sequence' reads its own part (see :func:`attention`)."""
   shape = (length, length)
-  head = splash.CausalMask(shape) if causal else splash.FullMask(shape)
-  b = _block(length)
+  head = (splash.CausalMask(shape, shard_count=shards) if causal
+          else splash.FullMask(shape))
+  b = _block(length // shards)
   blocks = splash.BlockSizes(
       block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
@@ -77,7 +90,7 @@ def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
   # tracers, leaked into the next call. Made here, they are constants.
   with jax.ensure_compile_time_eval():
     return make(splash.MultiHeadMask([head] * num_heads),
-                block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                block_sizes=blocks, head_shards=1, q_seq_shards=shards,
                 interpret=interpret)
 
 
@@ -96,10 +109,11 @@ def _segments(mask: Mask, batch: int, length: int) -> tuple[Array, Array]:
   return queries, jnp.where(past, 2, 1).astype(jnp.int32)
 
 
-def _attend_local(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
-                  *, causal: bool, interpret: bool) -> Array:
+def _attend_local(kernel, q: Array, k: Array, v: Array, q_ids: Array,
+                  kv_ids: Array) -> Array:
   """The kernel over one shard: q [B, T, N, H], k and v [B, S, K, H],
-  ids [B, T] -> [B, T, N, H]."""
+  q_ids [B, T], kv_ids [B, S] -> [B, T, N, H] (T = S, or T a part of the
+  row S where the row is split)."""
   _, length, heads, width = q.shape
   groups = heads // k.shape[2]
   q = (q * (1.0 / math.sqrt(width))).astype(q.dtype)
@@ -108,27 +122,14 @@ def _attend_local(q: Array, k: Array, v: Array, q_ids: Array, kv_ids: Array,
   def one_row(q, k, v, q_ids, kv_ids):
     ids = splash.SegmentIds(q=q_ids, kv=kv_ids)
     if groups == 1:
-      return _kernel(heads, length, causal, False, interpret)(
-          q, k, v, segment_ids=ids)
+      return kernel(q, k, v, segment_ids=ids)
     # Query head n reads key head n // groups: one MQA call per key head.
-    kernel = _kernel(groups, length, causal, True, interpret)
     q = q.reshape(k.shape[0], groups, length, width)
     out = jax.vmap(lambda q, k, v: kernel(q, k, v, segment_ids=ids))(q, k, v)
     return out.reshape(heads, length, width)
 
   out = jax.vmap(one_row)(q, k, v, q_ids, kv_ids)
   return jnp.swapaxes(out, 1, 2).astype(v.dtype)
-
-
-def _spec(mesh, shape, axes) -> PartitionSpec:
-  """Mesh axes for each dimension, dropped where they do not divide it."""
-  spec = []
-  for dim, names in zip(shape, axes):
-    names = tuple(a for a in names if a in mesh.axis_names)
-    if names and dim % math.prod(mesh.shape[a] for a in names):
-      names = ()
-    spec.append(names or None)
-  return PartitionSpec(*spec)
 
 
 def attention(q: Array, k: Array, v: Array, mask: Mask,
@@ -138,21 +139,32 @@ def attention(q: Array, k: Array, v: Array, mask: Mask,
   q [B, T, N, H], k and v [B, T, K, H] (K divides N) -> [B, T, N, H].
   interpret runs the kernel in Pallas's interpreter (any host, slowly).
   """
-  batch, length = q.shape[:2]
+  batch, length, heads = q.shape[:3]
+  groups = heads // k.shape[2]
+  shards = sharding.splits('length', length)
   q_ids, kv_ids = _segments(mask, batch, length)
-  local = functools.partial(_attend_local, causal=mask.causal,
-                            interpret=interpret)
+  kernel = _kernel(groups if groups > 1 else heads, length, mask.causal,
+                   groups > 1, interpret, shards)
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return local(q, k, v, q_ids, kv_ids)
+    return _attend_local(kernel, q, k, v, q_ids, kv_ids)
   batch_axes, head_axes = sharding.BATCH_AXES, ('tensor',)
-  q_spec = _spec(mesh, q.shape, (batch_axes, (), head_axes, ()))
-  kv_spec = _spec(mesh, k.shape, (batch_axes, (), head_axes, ()))
+  rows = ('sequence',) if shards > 1 else ()
+  q_spec = sharding.manual_spec(mesh, q.shape,
+                                (batch_axes, rows, head_axes, ()))
+  kv_spec = sharding.manual_spec(mesh, k.shape,
+                                 (batch_axes, (), head_axes, ()))
   if q_spec[2] != kv_spec[2]:  # heads split unevenly: keep groups whole
-    q_spec = PartitionSpec(q_spec[0], None, None, None)
+    q_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
     kv_spec = PartitionSpec(kv_spec[0], None, None, None)
-  ids_spec = PartitionSpec(q_spec[0], None)
+  # Each shard keeps its queries and reads the whole row's keys and values
+  # (gathered over 'sequence' on the way in), and its part of the
+  # kernel's block tables: which key blocks its query blocks visit.
+  kernel_spec = kernel.manual_sharding_spec(jax.sharding.NamedSharding(
+      mesh, PartitionSpec(None, q_spec[1])))
   return jax.shard_map(
-      local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, ids_spec,
-                                  ids_spec),
-      out_specs=q_spec, check_vma=False)(q, k, v, q_ids, kv_ids)
+      _attend_local, mesh=mesh,
+      in_specs=(kernel_spec, q_spec, kv_spec, kv_spec,
+                PartitionSpec(q_spec[0], q_spec[1]),
+                PartitionSpec(kv_spec[0], None)),
+      out_specs=q_spec, check_vma=False)(kernel, q, k, v, q_ids, kv_ids)

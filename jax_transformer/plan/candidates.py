@@ -2,10 +2,11 @@
 space.
 
 A candidate is a mesh split (``mesh.data`` x ``mesh.fsdp`` x
-``mesh.tensor`` over every chip), a remat policy, a parameter dtype, a loss
-chunk size, and the rows per train step with the gradient accumulation
-that brings them to the requested global batch (``batch_size`` rows a step,
-``optim.grad_accum_steps`` steps an update).
+``mesh.sequence`` x ``mesh.tensor`` over every chip; the sequence axis
+only for long rows, ``MIN_SHARD_POSITIONS`` a shard), a remat policy, a
+parameter dtype, a loss chunk size, and the rows per train step with the
+gradient accumulation that brings them to the requested global batch
+(``batch_size`` rows a step, ``optim.grad_accum_steps`` steps an update).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ LOSS_CHUNKS = (0, 8192)
 # its float32 gradient) from HBM again.
 SHARD_CHUNK_ROWS = 1024
 MAX_TENSOR = 8        # one host's NVLink, or a TPU's nearest neighbours
+# A row is split over the sequence axis only into parts this long or
+# longer: shorter rows fill the chips by the batch, and every split part
+# gathers the whole row's keys and values each layer.
+MIN_SHARD_POSITIONS = 4096
 MAX_ACCUMULATION = 16
 
 
@@ -40,11 +45,13 @@ class Candidate:
   loss_chunk_size: int
   batch_size: int
   grad_accum_steps: int
+  sequence: int = 1
 
   def overrides(self) -> dict[str, Any]:
     """The config fields this candidate sets, by dotted name."""
     return {'mesh.data': self.data, 'mesh.fsdp': self.fsdp,
-            'mesh.tensor': self.tensor, 'model.remat': self.remat,
+            'mesh.tensor': self.tensor, 'mesh.sequence': self.sequence,
+            'model.remat': self.remat,
             'model.param_dtype': self.param_dtype,
             'loss_chunk_size': self.loss_chunk_size,
             'batch_size': self.batch_size,
@@ -62,7 +69,8 @@ class Candidate:
   def describe(self) -> str:
     mesh = ' x '.join(f'{k} {v}' for k, v in
                       (('data', self.data), ('fsdp', self.fsdp),
-                       ('tensor', self.tensor)) if v > 1) or '1 chip'
+                       ('sequence', self.sequence), ('tensor', self.tensor))
+                      if v > 1) or '1 chip'
     dtype = 'bf16' if self.param_dtype == 'bfloat16' else 'f32'
     return (f'{mesh}, remat {self.remat}, {dtype} params, loss chunk '
             f'{self.loss_chunk_size or "off"}, {self.batch_size} rows x '
@@ -74,8 +82,9 @@ def shipped(cfg: Experiment, chips: int,
   """The config's own layout at global_batch rows an update: its mesh
   (-1 resolved to the chips left), remat, dtype, loss chunk, and its
   accumulation where that divides the batch."""
-  # The three axes only: mesh.dcn_* say how they cross slices, not sizes.
-  sizes = {axis: getattr(cfg.mesh, axis) for axis in ('data', 'fsdp', 'tensor')}
+  # The four axes only: mesh.dcn_* say how they cross slices, not sizes.
+  sizes = {axis: getattr(cfg.mesh, axis)
+           for axis in ('data', 'fsdp', 'sequence', 'tensor')}
   known = 1
   for v in sizes.values():
     known *= v if v > 0 else 1
@@ -86,22 +95,28 @@ def shipped(cfg: Experiment, chips: int,
   return Candidate(sizes['data'], sizes['fsdp'], sizes['tensor'],
                    cfg.model.remat, cfg.model.param_dtype,
                    cfg.loss_chunk_size,
-                   global_batch // accum, accum)
+                   global_batch // accum, accum, sizes['sequence'])
 
 
 def _divisors(n: int) -> list[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def meshes(chips: int, heads: int, kv_heads: int
-           ) -> Iterator[tuple[int, int, int]]:
-  """(data, fsdp, tensor) over every chip; tensor divides the heads (and
-  the key-value heads) and is at most MAX_TENSOR."""
+def meshes(chips: int, heads: int, kv_heads: int, seq_len: int = 0
+           ) -> Iterator[tuple[int, int, int, int]]:
+  """(data, fsdp, tensor, sequence) over every chip; tensor divides the
+  heads (and the key-value heads) and is at most MAX_TENSOR; sequence
+  splits rows of seq_len into parts of MIN_SHARD_POSITIONS or more."""
   for tensor in _divisors(chips):
     if tensor > MAX_TENSOR or heads % tensor or kv_heads % tensor:
       continue
-    for data in _divisors(chips // tensor):
-      yield data, chips // tensor // data, tensor
+    for sequence in _divisors(chips // tensor):
+      if sequence > 1 and (seq_len % sequence
+                           or seq_len // sequence < MIN_SHARD_POSITIONS):
+        continue
+      rest = chips // tensor // sequence
+      for data in _divisors(rest):
+        yield data, rest // data, tensor, sequence
 
 
 def enumerate_candidates(cfg: Experiment, chips: int,
@@ -119,10 +134,10 @@ def enumerate_candidates(cfg: Experiment, chips: int,
   chunks = sorted({*LOSS_CHUNKS, cfg.loss_chunk_size})
   out = []
   layouts = [(mesh, remat, dtype, chunk) for mesh in meshes(
-      chips, heads, kv_heads) for remat, dtype, chunk in itertools.product(
+      chips, heads, kv_heads, cfg.seq_len) for remat, dtype, chunk in itertools.product(
           remats, param_dtypes,
           sorted({*chunks, SHARD_CHUNK_ROWS * mesh[0] * mesh[1]}))]
-  for (data, fsdp, tensor), remat, dtype, chunk in layouts:
+  for (data, fsdp, tensor, sequence), remat, dtype, chunk in layouts:
     if data % slices:
       continue
     for accum in _divisors(global_batch):
@@ -130,5 +145,5 @@ def enumerate_candidates(cfg: Experiment, chips: int,
       if accum > MAX_ACCUMULATION or rows % (data * fsdp):
         continue
       out.append(Candidate(data, fsdp, tensor, remat, dtype, chunk, rows,
-                           accum))
+                           accum, sequence))
   return out

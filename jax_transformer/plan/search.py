@@ -83,8 +83,9 @@ def guess(c: cands.Candidate, cfg: Experiment, mc,
           num_params: int, where: Where) -> float:
   """Seconds per update by counting, without compiling: the model's FLOPs
   (with remat's recompute) at peak, plus the bytes FSDP gathers and
-  scatters, data parallelism all-reduces and tensor parallelism moves
-  between layers, at link speed (both in full, as if nothing overlapped:
+  scatters, data parallelism all-reduces, tensor parallelism moves
+  between layers and the sequence axis gathers (keys and values), at
+  link speed (both in full, as if nothing overlapped:
   a layout that moves more per FLOP, such as many accumulation steps each
   gathering every weight, comes later). Only orders the compiles."""
   rates, chips = where.rates, where.chips
@@ -107,6 +108,14 @@ def guess(c: cands.Candidate, cfg: Experiment, mc,
     trips = 6 if c.remat == 'full' else 4
     moved += (trips * layers * 2 * rows * cfg.seq_len * mc.d_model * 2
               * (c.tensor - 1) / c.tensor)
+  if c.sequence > 1:  # each layer's keys and values gathered, and their
+    # gradients scattered back (gathered again where remat recomputes)
+    rows = c.batch_size // (c.data * c.fsdp)
+    layers = mc.num_decoder_layers + mc.num_encoder_layers
+    trips = 3 if c.remat == 'full' else 2
+    kv_width = mc.kv_heads * mc.head_dim / c.tensor
+    moved += (trips * layers * 2 * rows * cfg.seq_len * kv_width
+              * mc.compute_dtype.itemsize * (c.sequence - 1) / c.sequence)
   return c.grad_accum_steps * (compute + moved / rates.link_bytes_per_s
                                + loss_chunk_hbm(c, cfg, mc)
                                / rates.hbm_bytes_per_s)
@@ -264,7 +273,9 @@ def plan(cfg: Experiment, spec: str, where: Where,
     raise UsageError(
         f'{global_batch} rows an update cannot be split over {where.chips} '
         f'chips by any layout (data x fsdp must divide the rows, tensor at '
-        f'most {cands.MAX_TENSOR}); use a multiple of {where.chips}.')
+        f'most {cands.MAX_TENSOR}, sequence splitting rows into parts of '
+        f'{cands.MIN_SHARD_POSITIONS} positions or more); use a multiple of '
+        f'{where.chips}.')
   pool = [own] + [c for c in pool if c != own]
   sizer = Sizer(cfg, where, vocab_size)
   capacity = where.rates.memory_bytes
