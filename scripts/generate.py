@@ -10,6 +10,8 @@
         --dtype bfloat16 --int8
     python scripts/generate.py --workdir runs/sft \
         --chat '[{"role": "user", "content": "Who is Romeo?"}]'
+    python scripts/generate.py --workdir runs/long --input_file book.txt \
+        --prefill_chunk 1024 --max_new_tokens 64
 
 An encoder-decoder translates the input (the source sentence, ending in EOS
 as in training) and prints the translation; a decoder-only model continues
@@ -62,6 +64,9 @@ from jax_transformer.runtime import storage
 from jax_transformer.runtime.workdir import resolve
 
 PROG = 'generate.py'
+# Chunks of this many tokens: attention's scores for a chunk of a 32,768-
+# token prompt's cache, [N, 2048, 32768] float32, are 256 MiB a head.
+PREFILL_CHUNK = 2048
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -104,6 +109,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  help='most tokens to generate per text (default: its '
                       'tokens + 50)')
   p.add_argument('--seed', type=int, default=0, help='sampling seed')
+  p.add_argument('--prefill_chunk', type=int, default=PREFILL_CHUNK,
+                 help='a prompt longer than this many tokens is read a chunk '
+                      'at a time: memory bounded by the chunk, the same '
+                      'tokens (as serve.py --prefill_chunk)')
   p.add_argument('--dtype', choices=quantize.DTYPES, default=None,
                  help="compute dtype (default: the checkpoint's); "
                       'bfloat16 casts the parameters once')
@@ -128,7 +137,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not folder.is_dir():
       raise UsageError(f'--output_file {args.output_file}: the folder '
                        f'{folder} does not exist.')
-  for flag in ('beam_size', 'batch_size'):
+  for flag in ('beam_size', 'batch_size', 'prefill_chunk'):
     if getattr(args, flag) < 1:
       raise UsageError(f'--{flag} must be at least 1, got '
                        f'{getattr(args, flag)}.')
@@ -167,7 +176,8 @@ def translate_batch(model, tokenizer, texts: Sequence[str],
       model, tokenizer, texts, stream=stream, beam_size=args.beam_size,
       alpha=args.alpha, sampler=make_sampler(args),
       key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
-      batch_size=args.batch_size, progress=progress, mesh=mesh)
+      batch_size=args.batch_size, progress=progress, mesh=mesh,
+      prefill_chunk=args.prefill_chunk)
   if family_of(model).has_source:  # a translation replaces its source
     return outputs
   return [text + out if out or not inference.is_blank(text) else ''
@@ -221,7 +231,7 @@ def answer_chat(model, tokenizer, args: argparse.Namespace, mesh=None
         stop_ids=chat.end_of_turn_ids(tokenizer), beam_size=args.beam_size,
         alpha=args.alpha, sampler=make_sampler(args),
         key=jax.random.key(args.seed), max_new_tokens=args.max_new_tokens,
-        batch_size=1, mesh=mesh)[0]
+        batch_size=1, mesh=mesh, prefill_chunk=args.prefill_chunk)[0]
   except inference.TextError as e:
     raise UsageError(f'--chat {e.reason}.') from None
 

@@ -211,7 +211,8 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
                  max_new_tokens: int | None = None, batch_size: int = 32,
                  progress: bool = False, mesh=None,
                  rows: Sequence[Sequence[int]] | None = None,
-                 stop_ids: Sequence[int] = ()) -> list[str]:
+                 stop_ids: Sequence[int] = (),
+                 prefill_chunk: int | None = None) -> list[str]:
   """The decoded text of each input text, in input order.
 
   model: an EncoderDecoder (the outputs are translations) or a DecoderLM
@@ -234,6 +235,9 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
     ``data.chat.prompt_ids``) instead of encoding texts.
   stop_ids: ids that end an output as EOS does (a chat template's
     end-of-turn tokens); the output ends before the first.
+  prefill_chunk: prompts longer than this many tokens are read into the
+    cache a chunk at a time (``decoding.generate``; beam search reads
+    them at once).
 
   Blank texts (empty or whitespace only) give ''. Every text is checked
   before anything is decoded: TextError names the first that is not blank
@@ -285,7 +289,7 @@ def decode_texts(model, tokenizer, texts: Sequence[str], *,
         out = decoding.generate(
             model, **inputs, max_new_tokens=n, sampler=sampler,
             key=None if key is None else jax.random.fold_in(key, b),
-            eos_id=eos_id, mesh=mesh)
+            eos_id=eos_id, mesh=mesh, prefill_chunk=prefill_chunk)
       for r, i in enumerate(batch):
         tokens = decoding.row_tokens(out, r)
         if beam_size == 1:

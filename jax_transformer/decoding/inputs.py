@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_transformer import fields
 from jax_transformer.errors import UsageError
+from jax_transformer.model.attention import KVCache
 from jax_transformer.model.families import family_of
 
 Array = jax.Array
@@ -199,14 +200,40 @@ def place_state(state, mesh: Mesh | None):
 
 
 def constrain(tree, mesh: Mesh | None):
-  """Keeps batch-leading arrays sharded over 'data' inside the loop."""
+  """Keeps batch-leading arrays sharded over 'data' inside the loop, and
+  a KV cache's slots over 'sequence' where the mesh has that axis
+  (:func:`cache_spec`)."""
   if mesh is None:
     return tree
 
   def f(x):
+    if isinstance(x, KVCache):
+      return jax.tree.map(
+          lambda a, spec: jax.lax.with_sharding_constraint(
+              a, NamedSharding(mesh, spec)), x, cache_spec(x, mesh))
     if x.ndim == 0:
       return x
     return jax.lax.with_sharding_constraint(
         x, NamedSharding(mesh, batch_spec(x.ndim)))
 
-  return jax.tree.map(f, tree)
+  return jax.tree.map(f, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def cache_spec(cache: KVCache, mesh: Mesh) -> KVCache:
+  """The cache's layout: rows over 'data'; the self-attention slots of
+  keys, values and the valid mask split over the mesh's 'sequence' axis
+  when it has one that divides them, so a long prompt's cache is spread
+  over its devices (attention then reads each device's slots and sums
+  over them); everything else by rows."""
+  n = mesh.shape.get('sequence', 1)
+  split = n > 1 and cache.max_len % n == 0
+  slots = 'sequence' if split else P.UNCONSTRAINED
+  by_slot = P('data', P.UNCONSTRAINED, slots, P.UNCONSTRAINED)
+  return KVCache(
+      keys=tuple(by_slot for _ in cache.keys),
+      values=tuple(by_slot for _ in cache.values),
+      valid=P('data', slots),
+      index=P() if jnp.ndim(cache.index) == 0 else P('data'),
+      cross_keys=tuple(batch_spec(4) for _ in cache.cross_keys),
+      cross_values=tuple(batch_spec(4) for _ in cache.cross_values),
+      memory_mask=None if cache.memory_mask is None else batch_spec(2))
