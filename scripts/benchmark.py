@@ -13,6 +13,7 @@ console.
     python scripts/benchmark.py --suite lora --rounds 3  # LoRA vs full
     python scripts/benchmark.py --suite harness --limit 200  # lm-eval
     python scripts/benchmark.py --suite serve         # the HTTP server
+    python scripts/benchmark.py --suite sequence      # the sequence axis
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -69,6 +70,11 @@ Suites (see ``jax_transformer/bench/``):
   goals: at 32 clients at least 2x transformers' throughput with a lower
   p50 time to first token, at 1 client 90% of the fp32 weight-streaming
   rate.
+* ``sequence``: a train step of two rows of a small LM on 8 CPU host
+  devices, rows split over the sequence axis (fsdp 2 x sequence 4)
+  against heads split over tensor (fsdp 2 x tensor 4), at seq_len 512 to
+  4096 (``--seq_lens``), interleaved rounds (default 5): median times, the
+  median per-round ratio sequence / tensor, each step's memory a device.
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -86,7 +92,7 @@ from jax_transformer.bench import timing
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
-          'restart', 'local_tier', 'harness', 'serve')
+          'restart', 'local_tier', 'harness', 'serve', 'sequence')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -132,6 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help='harness: rows per batch, both sides')
   p.add_argument('--clients', default='1,8,32',
                  help='serve: numbers of concurrent clients, comma-separated')
+  p.add_argument('--seq_lens', default='512,1024,2048,4096',
+                 help='sequence: comma-separated row lengths')
   p.add_argument('--output', help='also append the JSON lines here')
   p.add_argument('--record', default=None,
                  help='the benchmark record this run is appended to '
@@ -162,7 +170,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
-    args.rounds = (5 if local or args.suite in ('serve', 'harness')
+    args.rounds = (5 if local or args.suite in ('serve', 'harness',
+                                                'sequence')
                    else 7)
   if args.steps is None:
     args.steps = 200 if local else 600
@@ -177,6 +186,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   if min(clients) < 1:
     p.error(f'--clients must be positive integers separated by commas, got '
             f'{args.clients!r}.')
+  try:
+    lengths = [int(n) for n in args.seq_lens.split(',')]
+  except ValueError:
+    lengths = [0]
+  if min(lengths) < 1:
+    p.error(f'--seq_lens must be positive integers separated by commas, '
+            f'got {args.seq_lens!r}.')
   if local and args.steps % args.local_every:
     p.error(f'--local_every={args.local_every} does not divide '
             f'--steps={args.steps} (the workdir saves only at the last '
@@ -208,6 +224,13 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     from jax_transformer.bench import plan  # pylint: disable=g-import-not-at-top
     return plan.run(args.plan_config, rounds=args.rounds,
                     sizes=tuple(args.plan_sizes.split(',')))
+  if args.suite == 'sequence':
+    if 'device_count' not in os.environ.get('XLA_FLAGS', ''):
+      os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                                 ' --xla_force_host_platform_device_count=8')
+    from jax_transformer.bench import sequence  # pylint: disable=g-import-not-at-top
+    return sequence.run(args.rounds, tuple(int(n) for n in
+                                           args.seq_lens.split(',')))
   if args.suite == 'lora':
     from jax_transformer.bench import lora  # pylint: disable=g-import-not-at-top
     return lora.run(args.rounds)
@@ -256,7 +279,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'ours_tokens_per_s', 'hf_tokens_per_s', 'ours_ttft_p50_s',
               'hf_ttft_p50_s', 'ours_ttft_p99_s', 'hf_ttft_p99_s',
               'ours_tpot_s', 'hf_tpot_s', 'ours_weight_streaming',
-              'load_average', 'error')
+              'load_average', 'sequence_s', 'tensor_s',
+              'sequence_memory_gb', 'tensor_memory_gb', 'error')
 
 
 def table(rows: list[dict]) -> str:
