@@ -14,7 +14,9 @@ collective bytes, the attention kernel, and the predicted step time and
 MFU (the planner's step-time model, ``compile/step_model.py``; the
 network between hosts or slices at ``--network_gbps`` a chip, or the
 chip's default).
-``--serialize PATH`` writes the compiled train step. Targets:
+``--serialize PATH`` writes the compiled train step; ``--record`` appends
+the row to ``docs/records/predicted.jsonl``, from which
+``scripts/report.py`` makes README's table of predictions. Targets:
 ``jax_transformer/runtime/targets.py``.
 
 On a mesh of 8 CPU devices (FSDP 4 x tensor 2), the train steps of
@@ -88,6 +90,10 @@ def parse_args(argv):
   target_flags.define_overlap(values)
   target_flags.define_network(values)
   target_flags.define_output(values, 'the JSON lines')
+  flags.DEFINE_bool('record', False, 'With --target: append the row to the '
+                    'record of predictions (docs/records/predicted.jsonl), '
+                    "from which scripts/report.py makes README's predicted "
+                    'table.', flag_values=values)
   cfg, spec = target_flags.parse('compile_at_size.py', argv, values,
                                  __doc__, config='optional')
   if values.target is None:
@@ -103,6 +109,9 @@ def parse_args(argv):
     if values.train_only:
       raise UsageError('--train_only narrows a --target compile; give '
                        '--target NAME too.')
+    if values.record:
+      raise UsageError('--record keeps a --target compile\'s predictions; '
+                       'give --target NAME too.')
     if values.network_gbps is not None:
       raise UsageError('--network_gbps prices a --target compile; give '
                        '--target NAME too.')
@@ -202,13 +211,16 @@ def table(rows: list[dict]) -> str:
   return '\n'.join(lines)
 
 
-def target_main(cfg, spec: str, values) -> int:
+def target_main(cfg, spec: str, values, argv: list[str]) -> int:
+  from jax_transformer.bench import record  # pylint: disable=g-import-not-at-top
   from jax_transformer.compile import report  # pylint: disable=g-import-not-at-top
   target = targets.target(values.target)
   row = report.report(cfg, spec, values.target, values.slices,
                       values.serialize, values.train_only,
                       targets.network_rate(target, values.network_gbps))
   stream([row], values.output)
+  if values.record:
+    record.append(record.predicted(row, argv), record.PREDICTED)
   print(report.summary(row), file=sys.stderr)
   return 0
 
@@ -221,7 +233,7 @@ def main(argv=None) -> int:
                      overlap=args.xla_overlap):
     import jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   if args.target is not None:
-    return target_main(cfg, spec, args)
+    return target_main(cfg, spec, args, argv)
   suites = {'size': [size_suite], 'depth': [depth_suite],
             'all': [size_suite, depth_suite]}[args.suite]
   rows = stream((r for suite in suites for r in suite(args)), args.output)

@@ -10,6 +10,13 @@ with the commit and machine it was measured on; one that no record holds
 is left out, one whose measured files changed after its record's commit
 is marked stale. The tables sit between the ``<!-- measured:begin -->``
 and ``<!-- measured:end -->`` lines of README.md and docs/performance.md.
+
+README's table of predictions (``<!-- predicted:begin -->`` ...
+``<!-- predicted:end -->``) is made the same way from
+``docs/records/predicted.jsonl`` (``compile_at_size.py --target T
+--config C --record``): the step model's MFU for each shipped config on
+each target, stale where the step model's version or the files it
+reads changed since the compile.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import sys
 from jax_transformer.bench import documented, record
 
 BEGIN, END = '<!-- measured:begin -->', '<!-- measured:end -->'
+PREDICTED = '<!-- predicted:begin -->', '<!-- predicted:end -->'
 README = record.ROOT / 'README.md'
 PERFORMANCE = record.ROOT / 'docs' / 'performance.md'
 
@@ -60,20 +68,45 @@ def performance_table(records) -> str:
   return '\n'.join(lines)
 
 
-def with_table(text: str, table: str, path: pathlib.Path) -> str:
+def predicted_table(predictions) -> str:
+  lines = ['| target | ' + ' | '.join(
+      f'`{c}` (links\' share of the step)' for c in documented.PREDICTED_CONFIGS)
+      + ' | compiled |', '|---|' + '---:|' * len(
+          documented.PREDICTED_CONFIGS) + '---|']
+  for target in documented.PREDICTED_TARGETS:
+    cells, compiled = [], set()
+    for config in documented.PREDICTED_CONFIGS:
+      hit = documented.newest_prediction(predictions, target, config)
+      if hit is None:
+        cells.append('no record')
+        continue
+      rec, row = hit
+      cells.append(documented.prediction_cell(rec, row))
+      compiled.add(f"`{(rec['commit'] or '?')[:7]}`, {rec['date']}")
+    lines.append(f'| {target} | ' + ' | '.join(cells) + ' | '
+                 + '; '.join(sorted(compiled)) + ' |')
+  return '\n'.join(lines)
+
+
+def with_table(text: str, table: str, path: pathlib.Path,
+               markers: tuple[str, str] = (BEGIN, END)) -> str:
   """text with what lies between its markers replaced by table."""
-  if BEGIN not in text or END not in text:
-    raise SystemExit(f'{path} has no {BEGIN} ... {END} lines.')
-  head, rest = text.split(BEGIN, 1)
-  _, tail = rest.split(END, 1)
-  return f'{head}{BEGIN}\n{table}\n{END}{tail}'
+  begin, end = markers
+  if begin not in text or end not in text:
+    raise SystemExit(f'{path} has no {begin} ... {end} lines.')
+  head, rest = text.split(begin, 1)
+  _, tail = rest.split(end, 1)
+  return f'{head}{begin}\n{table}\n{end}{tail}'
 
 
-def made(records=None) -> dict[pathlib.Path, str]:
-  """Each doc as the record makes it."""
+def made(records=None, predictions=None) -> dict[pathlib.Path, str]:
+  """Each doc as the records make it."""
   records = record.read() if records is None else records
-  return {README: with_table(README.read_text(), readme_table(records),
-                             README),
+  predictions = (record.read(record.PREDICTED) if predictions is None
+                 else predictions)
+  readme = with_table(README.read_text(), readme_table(records), README)
+  return {README: with_table(readme, predicted_table(predictions), README,
+                             PREDICTED),
           PERFORMANCE: with_table(PERFORMANCE.read_text(),
                                   performance_table(records), PERFORMANCE)}
 

@@ -186,3 +186,41 @@ def cell(figure: Figure, rec: dict[str, Any], got: dict[str, float]) -> str:
     text += (f"; **stale**: {', '.join(f'`{p}`' for p in changed[:3])}"
              f"{' ...' if len(changed) > 3 else ''} changed since")
   return text
+
+
+# README's table of predictions: each config at 1M tokens a step (its
+# shipped layout) on each target, from ``compile_at_size.py --record``.
+PREDICTED_TARGETS = ('v5p-128', 'v5e-256', 'v6e-256', 'h100-64')
+PREDICTED_CONFIGS = ('lm_1_3b', 'lm_7b')
+# What a prediction is made from: the step model, the HLO it reads, and
+# the programs compiled (a change to any makes a compiled row stale).
+PREDICTION_READS = ('jax_transformer/compile/step_model.py',
+                    'jax_transformer/compile/hlo_stats.py',
+                    'jax_transformer/model', 'jax_transformer/train/steps.py')
+
+
+def newest_prediction(records: list[dict[str, Any]], target: str,
+                      config: str) -> tuple[dict, dict] | None:
+  """The newest predicted record of config compiled for target whole
+  (one slice, the whole train and eval compile), and its row."""
+  for rec in reversed(records):
+    for row in rec['rows']:
+      if (row.get('target') == target and row.get('config') == config
+          and row.get('slices', 1) == 1
+          and row.get('predicted_mfu') is not None):
+        return rec, row
+  return None
+
+
+def prediction_cell(rec: dict[str, Any], row: dict[str, Any]) -> str:
+  """'82% (3%)': predicted MFU (links' share), and where it is stale, why."""
+  from jax_transformer.compile import step_model  # pylint: disable=g-import-not-at-top
+  text = f"{row['predicted_mfu']:.0%} ({row['link_share']:.0%})"
+  if row.get('cost_version') != step_model.COST_VERSION:
+    return (text + f"; **stale**: step model v{row.get('cost_version')}, "
+            f'now v{step_model.COST_VERSION}')
+  changed = changed_since(rec.get('commit'), PREDICTION_READS)
+  if changed:
+    text += (f"; **stale**: {', '.join(f'`{p}`' for p in changed[:2])}"
+             f"{' ...' if len(changed) > 2 else ''} changed since")
+  return text

@@ -28,6 +28,9 @@ import jax
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MEASURED = ROOT / 'docs' / 'records' / 'measured.jsonl'
+# The step model's predictions from target compiles (compile_at_size.py
+# --record): kept apart, never mixed with what was measured.
+PREDICTED = ROOT / 'docs' / 'records' / 'predicted.jsonl'
 
 # The fields that name what a row measured (its label); every other
 # number in it is a figure.
@@ -120,6 +123,16 @@ def make(suite: str, rows: list[dict[str, Any]], argv: list[str],
           **commit(), 'machine': machine(), 'argv': list(argv),
           'rounds': rounds, 'load_before': load_before,
           'load_after': load_after, 'figures': figures(rows), 'rows': rows}
+
+
+def predicted(row: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+  """One record of a target compile's row (compile/report.py): its
+  predicted figures, the commit, date and host that compiled it."""
+  return {'suite': 'predicted',
+          'date': datetime.datetime.now(datetime.timezone.utc).strftime(
+              '%Y-%m-%d'),
+          **commit(), 'machine': machine(), 'argv': list(argv),
+          'rows': [row]}
 
 
 def append(record: dict[str, Any], path: str | os.PathLike = MEASURED

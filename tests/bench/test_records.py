@@ -73,3 +73,28 @@ def test_a_record_says_what_ran_where(tmp_path):
                                                      list)
   assert len(rec['commit']) == 40 and rec['figures']['cpu/m/train/ratio'][
       'median'] == 0.9
+
+
+def test_every_predicted_cell_has_a_record():
+  """README's predicted table: each shipped config on each target is a
+  compile kept in docs/records/predicted.jsonl (compile_at_size.py
+  --record), not a figure typed by hand."""
+  predictions = record.read(record.PREDICTED)
+  for target in documented.PREDICTED_TARGETS:
+    for config in documented.PREDICTED_CONFIGS:
+      hit = documented.newest_prediction(predictions, target, config)
+      assert hit is not None, (target, config)
+      rec, row = hit
+      assert rec['commit'] and 0 < row['predicted_mfu'] <= 1
+
+
+def test_a_prediction_of_an_older_step_model_is_stale():
+  from jax_transformer.compile import step_model
+  rec = {'commit': None}
+  row = {'predicted_mfu': 0.5, 'link_share': 0.1,
+         'cost_version': step_model.COST_VERSION - 1}
+  assert 'stale' in documented.prediction_cell(rec, row)
+  # The current version, at an unknown commit: every file it reads counts
+  # as changed.
+  row['cost_version'] = step_model.COST_VERSION
+  assert 'stale' in documented.prediction_cell(rec, row)
