@@ -88,6 +88,27 @@ def predicted_table(predictions) -> str:
   return '\n'.join(lines)
 
 
+def predictions_detail(predictions) -> str:
+  """performance.md's table: each prediction with its figures."""
+  lines = ['| config | target | per chip (compiler) | predicted ms a step '
+           '| predicted MFU (links\' share) | compiled |',
+           '|---|---|---:|---:|---:|---|']
+  for config in documented.PREDICTED_CONFIGS:
+    for target in documented.PREDICTED_TARGETS:
+      hit = documented.newest_prediction(predictions, target, config)
+      if hit is None:
+        lines.append(f'| `{config}` | `{target}` | no record | | | |')
+        continue
+      rec, row = hit
+      lines.append(
+          f"| `{config}` | `{target}` | {row['per_chip_bytes'] / 1e9:.1f} GB "
+          f"| {row['predicted_step_s'] * 1e3:.0f} "
+          f'| {documented.prediction_cell(rec, row)} '
+          f"| `{(rec['commit'] or '?')[:7]}`, {rec['date']}, step model "
+          f"v{row['cost_version']} |")
+  return '\n'.join(lines)
+
+
 def with_table(text: str, table: str, path: pathlib.Path,
                markers: tuple[str, str] = (BEGIN, END)) -> str:
   """text with what lies between its markers replaced by table."""
@@ -105,10 +126,13 @@ def made(records=None, predictions=None) -> dict[pathlib.Path, str]:
   predictions = (record.read(record.PREDICTED) if predictions is None
                  else predictions)
   readme = with_table(README.read_text(), readme_table(records), README)
+  performance = with_table(PERFORMANCE.read_text(),
+                           performance_table(records), PERFORMANCE)
   return {README: with_table(readme, predicted_table(predictions), README,
                              PREDICTED),
-          PERFORMANCE: with_table(PERFORMANCE.read_text(),
-                                  performance_table(records), PERFORMANCE)}
+          PERFORMANCE: with_table(performance,
+                                  predictions_detail(predictions),
+                                  PERFORMANCE, PREDICTED)}
 
 
 def main(argv=None) -> int:

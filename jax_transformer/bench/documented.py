@@ -192,6 +192,9 @@ def cell(figure: Figure, rec: dict[str, Any], got: dict[str, float]) -> str:
 # shipped layout) on each target, from ``compile_at_size.py --record``.
 PREDICTED_TARGETS = ('v5p-128', 'v5e-256', 'v6e-256', 'h100-64')
 PREDICTED_CONFIGS = ('lm_1_3b', 'lm_7b')
+# Their shipped rows, and the rows of 1M tokens a step.
+PREDICTED_SEQ_LEN = {'lm_1_3b': 1024, 'lm_7b': 2048}
+PREDICTED_TOKENS = 1 << 20
 # What a prediction is made from: the step model, the HLO it reads, and
 # the programs compiled (a change to any makes a compiled row stale).
 PREDICTION_READS = ('jax_transformer/compile/step_model.py',
@@ -201,12 +204,14 @@ PREDICTION_READS = ('jax_transformer/compile/step_model.py',
 
 def newest_prediction(records: list[dict[str, Any]], target: str,
                       config: str) -> tuple[dict, dict] | None:
-  """The newest predicted record of config compiled for target whole
-  (one slice, the whole train and eval compile), and its row."""
+  """The newest predicted record of config compiled for target (one
+  slice) at its shipped row length and 1M tokens a step, and its row."""
   for rec in reversed(records):
     for row in rec['rows']:
       if (row.get('target') == target and row.get('config') == config
           and row.get('slices', 1) == 1
+          and row.get('seq_len') == PREDICTED_SEQ_LEN.get(config)
+          and row['seq_len'] * row['batch_size'] == PREDICTED_TOKENS
           and row.get('predicted_mfu') is not None):
         return rec, row
   return None
