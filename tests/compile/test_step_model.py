@@ -248,3 +248,21 @@ def test_bytes_of_kernels_without_a_matmul_are_the_exposed_ones():
 def test_replica_groups_in_each_form_the_compilers_write(line, groups):
   assert hlo_stats.replica_groups(f'%c = f32[8] all-reduce(%x), {line}') \
       == groups
+
+
+def test_collective_bytes_are_split_by_the_mesh_axes_their_groups_span():
+  """On a mesh {'fsdp': 2, 'sequence': 4} (partition p at position
+  (p // 4, p % 4)): groups along the last axis span 'sequence', along the
+  first 'fsdp', all eight both."""
+  hlo = '\n'.join([
+      'ENTRY %main {',
+      '  %a = f32[256] all-gather(f32[64] %x), replica_groups=[2,4]<=[8], '
+      'dimensions={0}',
+      '  %b = f32[128] all-reduce(f32[128] %y), replica_groups=[4,2]<=[2,4]'
+      'T(1,0), to_apply=%add',
+      '  ROOT %c = f32[32] all-reduce(f32[32] %z), replica_groups={}, '
+      'to_apply=%add',
+      '}'])
+  got = hlo_stats.collective_bytes_by_axes(hlo, {'fsdp': 2, 'sequence': 4})
+  assert got == {'sequence': 256 * 4, 'fsdp': 128 * 4,
+                 'fsdp+sequence': 32 * 4}
