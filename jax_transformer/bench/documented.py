@@ -18,6 +18,7 @@ import subprocess
 from typing import Any
 
 from jax_transformer.bench import record
+from jax_transformer.compile import step_model
 
 # What a model's step is made of: a change here changes what a step
 # benchmark measured.
@@ -219,7 +220,6 @@ def newest_prediction(records: list[dict[str, Any]], target: str,
 
 def prediction_cell(rec: dict[str, Any], row: dict[str, Any]) -> str:
   """'82% (3%)': predicted MFU (links' share), and where it is stale, why."""
-  from jax_transformer.compile import step_model  # pylint: disable=g-import-not-at-top
   text = f"{row['predicted_mfu']:.0%} ({row['link_share']:.0%})"
   if row.get('cost_version') != step_model.COST_VERSION:
     return (text + f"; **stale**: step model v{row.get('cost_version')}, "
