@@ -18,7 +18,9 @@ LIMIT = 12
 # about -6 each (two implementations, two summation orders).
 RELATIVE = 1e-4
 
-pytestmark = pytest.mark.slow
+# One worker builds each checkpoint's results once (module fixtures are
+# per worker).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('backend_parity')]
 
 
 def evaluate(model, **kwargs):

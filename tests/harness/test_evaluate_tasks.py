@@ -13,7 +13,8 @@ import pytest
 import train_runs
 from script_helpers import run_script
 
-pytestmark = pytest.mark.slow
+# One worker trains the module's workdirs once (fixtures are per worker).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('evaluate_tasks')]
 
 TASKS = 'shakespeare_next_line,shakespeare_continue'
 OWN_TASK = """task: own_lines

@@ -41,6 +41,10 @@ TOLERANCES = {'encoder_decoder': 1e-5, 'llama3': 2e-5, 'gpt2': 2e-5}
 LOGITS_BOUND = 3e-7
 PARAMS_BOUND = 1.5e-7
 
+# One worker runs each setting's process once (module fixtures are per
+# worker).
+pytestmark = pytest.mark.xdist_group('parity_at_default_flags')
+
 
 def run(tmp_path_factory, name: str, flags: str | None) -> dict:
   """numerics_at_flags.py in a process of its own with XLA_FLAGS=flags

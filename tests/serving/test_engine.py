@@ -16,6 +16,9 @@ from jax_transformer.model.models import DecoderLM
 from jax_transformer.serving import programs
 from jax_transformer.serving.engine import Busy, Closed, Engine, Params
 
+# One worker builds the module's fixtures once (they are per worker).
+pytestmark = pytest.mark.xdist_group('engine')
+
 LENGTHS = (3, 5, 17, 40, 70, 12)  # 40 and 70 take two and three chunks
 
 

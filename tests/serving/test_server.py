@@ -13,6 +13,9 @@ from harness import harness_models
 from script_helpers import load_script
 from serving.server_process import KEY, Server, events
 
+# One worker builds the module's fixtures once (they are per worker).
+pytestmark = pytest.mark.xdist_group('server')
+
 NAME = 'tiny'
 PROMPTS = ['To be, or not', 'Ham.', 'Enter the ghost of Banquo, and sits '
            'in Macbeth\'s place. ' * 2]  # the last takes chunks
