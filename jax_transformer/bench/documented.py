@@ -126,6 +126,34 @@ FIGURES = (
            '~/nanoGPT', '[below](#the-default-job-against-nanogpt---suite-'
            'nanogpt)', (*STEP_CODE, 'jax_transformer/data/',
                         'jax_transformer/train/'), readme=True),
+    Figure('a train step with rows split over the sequence axis against '
+           'heads split over tensor, 2 x 512 tokens, 8 CPU host devices',
+           'sequence', {'shape': '2x512'}, 'ratio',
+           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
+           'python scripts/benchmark.py --suite sequence',
+           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
+           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
+    Figure('a train step with rows split over the sequence axis against '
+           'heads split over tensor, 2 x 1024 tokens, 8 CPU host devices',
+           'sequence', {'shape': '2x1024'}, 'ratio',
+           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
+           'python scripts/benchmark.py --suite sequence',
+           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
+           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
+    Figure('a train step with rows split over the sequence axis against '
+           'heads split over tensor, 2 x 2048 tokens, 8 CPU host devices',
+           'sequence', {'shape': '2x2048'}, 'ratio',
+           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
+           'python scripts/benchmark.py --suite sequence',
+           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
+           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
+    Figure('a train step with rows split over the sequence axis against '
+           'heads split over tensor, 2 x 4096 tokens, 8 CPU host devices',
+           'sequence', {'shape': '2x4096'}, 'ratio',
+           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
+           'python scripts/benchmark.py --suite sequence',
+           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
+           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
 )
 
 
