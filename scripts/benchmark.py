@@ -100,6 +100,19 @@ def gpu_items() -> tuple[str, ...]:
   return tuple(gpu.ITEMS)
 
 
+def _positive_ints(p: argparse.ArgumentParser, flag: str,
+                   text: str) -> tuple[int, ...]:
+  """--flag's comma-separated positive integers (p.error otherwise)."""
+  try:
+    values = tuple(int(v) for v in text.split(','))
+  except ValueError:
+    values = (0,)
+  if min(values) < 1:
+    p.error(f'--{flag} must be positive integers separated by commas, got '
+            f'{text!r}.')
+  return values
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   p = cli.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--suite', default='cpu', choices=SUITES)
@@ -179,20 +192,8 @@ def parse_args(argv=None) -> argparse.Namespace:
          args.batch_size) < 1:
     p.error('--rounds, --steps, --local_every, --limit and --batch_size '
             'must be positive.')
-  try:
-    clients = [int(c) for c in args.clients.split(',')]
-  except ValueError:
-    clients = [0]
-  if min(clients) < 1:
-    p.error(f'--clients must be positive integers separated by commas, got '
-            f'{args.clients!r}.')
-  try:
-    lengths = [int(n) for n in args.seq_lens.split(',')]
-  except ValueError:
-    lengths = [0]
-  if min(lengths) < 1:
-    p.error(f'--seq_lens must be positive integers separated by commas, '
-            f'got {args.seq_lens!r}.')
+  args.clients = _positive_ints(p, 'clients', args.clients)
+  args.seq_lens = _positive_ints(p, 'seq_lens', args.seq_lens)
   if local and args.steps % args.local_every:
     p.error(f'--local_every={args.local_every} does not divide '
             f'--steps={args.steps} (the workdir saves only at the last '
@@ -229,8 +230,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
       os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                                  ' --xla_force_host_platform_device_count=8')
     from jax_transformer.bench import sequence  # pylint: disable=g-import-not-at-top
-    return sequence.run(args.rounds, tuple(int(n) for n in
-                                           args.seq_lens.split(',')))
+    return sequence.run(args.rounds, args.seq_lens)
   if args.suite == 'lora':
     from jax_transformer.bench import lora  # pylint: disable=g-import-not-at-top
     return lora.run(args.rounds)
@@ -245,8 +245,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     return harness.run(args.rounds, args.limit, args.batch_size)
   if args.suite == 'serve':
     from jax_transformer.bench import serve  # pylint: disable=g-import-not-at-top
-    return serve.run(args.rounds, tuple(int(c) for c in
-                                        args.clients.split(',')))
+    return serve.run(args.rounds, args.clients)
   if args.suite == 'stop':
     from jax_transformer.bench import stop  # pylint: disable=g-import-not-at-top
     configs = args.stop_configs and tuple(args.stop_configs.split(','))

@@ -25,6 +25,9 @@ from jax_transformer.compile import step_model
 STEP_CODE = ('jax_transformer/model/', 'jax_transformer/train/steps.py',
              'jax_transformer/train/losses.py', 'jax_transformer/train/optim.py',
              'jax_transformer/runtime/xla_options.py')
+# The row lengths of the sequence suite's documented figures (its default
+# --seq_lens, jax_transformer/bench/sequence.py).
+SEQUENCE_LENGTHS = (512, 1024, 2048, 4096)
 DECODE_CODE = ('jax_transformer/model/', 'jax_transformer/decoding/',
                'jax_transformer/runtime/xla_options.py')
 
@@ -126,34 +129,14 @@ FIGURES = (
            '~/nanoGPT', '[below](#the-default-job-against-nanogpt---suite-'
            'nanogpt)', (*STEP_CODE, 'jax_transformer/data/',
                         'jax_transformer/train/'), readme=True),
-    Figure('a train step with rows split over the sequence axis against '
-           'heads split over tensor, 2 x 512 tokens, 8 CPU host devices',
-           'sequence', {'shape': '2x512'}, 'ratio',
-           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
-           'python scripts/benchmark.py --suite sequence',
-           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
-           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
-    Figure('a train step with rows split over the sequence axis against '
-           'heads split over tensor, 2 x 1024 tokens, 8 CPU host devices',
-           'sequence', {'shape': '2x1024'}, 'ratio',
-           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
-           'python scripts/benchmark.py --suite sequence',
-           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
-           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
-    Figure('a train step with rows split over the sequence axis against '
-           'heads split over tensor, 2 x 2048 tokens, 8 CPU host devices',
-           'sequence', {'shape': '2x2048'}, 'ratio',
-           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
-           'python scripts/benchmark.py --suite sequence',
-           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
-           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
-    Figure('a train step with rows split over the sequence axis against '
-           'heads split over tensor, 2 x 4096 tokens, 8 CPU host devices',
-           'sequence', {'shape': '2x4096'}, 'ratio',
-           "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
-           'python scripts/benchmark.py --suite sequence',
-           '[scaling.md](scaling.md#step-time-against-row-length-measured)',
-           (*STEP_CODE, 'jax_transformer/bench/sequence.py')),
+    *(Figure('a train step with rows split over the sequence axis against '
+             f'heads split over tensor, 2 x {n} tokens, 8 CPU host devices',
+             'sequence', {'shape': f'2x{n}'}, 'ratio',
+             "{m:.2f}x the tensor layout's time (rounds {lo:.2f}-{hi:.2f})",
+             'python scripts/benchmark.py --suite sequence',
+             '[scaling.md](scaling.md#step-time-against-row-length-measured)',
+             (*STEP_CODE, 'jax_transformer/bench/sequence.py'))
+      for n in SEQUENCE_LENGTHS),
 )
 
 

@@ -55,7 +55,7 @@ def prefill(model: Model, inputs: Inputs, new_slots: int, mesh,
   cache = constrain(start(model, inputs, t + new_slots), mesh)
   # The last True of each mask row (any padding pattern).
   last = t - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-  if not pad and (not chunk or t <= chunk):
+  if not chunk or t <= chunk:  # (padding is only ever for chunks)
     logits, cache = model.extend(prompt, cache, mask, logits_at=last)
     return logits[:, 0], constrain(cache, mesh)
 

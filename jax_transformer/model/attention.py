@@ -108,9 +108,9 @@ def fused_context(q: Array, k: Array, v: Array, mask: Mask,
       return splash.attention(q, k, v, mask,
                               interpret=_platform() != 'tpu')
     backend = 'xla'
-  if backend == 'cudnn' and shards > 1:
-    if split_rows.takes(mask):
-      return split_rows.attention(q, k, v, mask)
+  if backend == 'cudnn' and shards > 1 and split_rows.takes(mask):
+    return split_rows.attention(q, k, v, mask)
+  if shards > 1:  # no other kernel is partitioned over split rows
     backend = 'xla'
   args = attention_args(mask)
   if backend == 'cudnn' and args['mask'] is not None:
@@ -324,7 +324,6 @@ class Attention(nnx.Module):
     backend = implementation(self.config, q.dtype)
     if sharding.splits('length', q.shape[1]) > 1:
       k, v = whole_rows(k), whole_rows(v)
-      backend = backend if backend in ('splash', 'cudnn') else 'xla'
     if deterministic or rate == 0.0:
       ctx = fused_context(q, k, v, mask, backend)
     else:

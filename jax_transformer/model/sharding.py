@@ -271,7 +271,7 @@ def splits(name: str, dim: int,
                    for a in _mesh_axes(mesh, dim, rules.get(name)))
 
 
-def manual_spec(mesh, shape: Sequence[int],
+def _manual_spec(mesh, shape: Sequence[int],
                 axes: Sequence[tuple[str, ...]]) -> PartitionSpec:
   """A ``jax.shard_map`` spec: the mesh axes named for each dimension of
   shape, dropped where the mesh lacks them or they do not divide it."""
@@ -282,6 +282,24 @@ def manual_spec(mesh, shape: Sequence[int],
       names = ()
     spec.append(names or None)
   return PartitionSpec(*spec)
+
+
+def attention_specs(mesh, q_shape: Sequence[int], kv_shape: Sequence[int],
+                    rows_split: bool) -> tuple[PartitionSpec, PartitionSpec]:
+  """``jax.shard_map`` specs (queries, keys and values) of a fused
+  attention kernel run per shard: batch over ('data', 'fsdp'), heads over
+  'tensor', the queries' positions over 'sequence' where rows_split (the
+  keys and values then whole on every shard). Where 'tensor' would split
+  query and key heads unevenly, heads stay whole so groups do too."""
+  heads = ('tensor',)
+  q_spec = _manual_spec(mesh, q_shape, (BATCH_AXES,
+                                       ('sequence',) if rows_split else (),
+                                       heads, ()))
+  kv_spec = _manual_spec(mesh, kv_shape, (BATCH_AXES, (), heads, ()))
+  if q_spec[2] != kv_spec[2]:
+    q_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
+    kv_spec = PartitionSpec(kv_spec[0], None, None, None)
+  return q_spec, kv_spec
 
 
 def token_rows(x: jax.Array) -> jax.Array:

@@ -148,15 +148,8 @@ def attention(q: Array, k: Array, v: Array, mask: Mask,
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return _attend_local(kernel, q, k, v, q_ids, kv_ids)
-  batch_axes, head_axes = sharding.BATCH_AXES, ('tensor',)
-  rows = ('sequence',) if shards > 1 else ()
-  q_spec = sharding.manual_spec(mesh, q.shape,
-                                (batch_axes, rows, head_axes, ()))
-  kv_spec = sharding.manual_spec(mesh, k.shape,
-                                 (batch_axes, (), head_axes, ()))
-  if q_spec[2] != kv_spec[2]:  # heads split unevenly: keep groups whole
-    q_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
-    kv_spec = PartitionSpec(kv_spec[0], None, None, None)
+  q_spec, kv_spec = sharding.attention_specs(mesh, q.shape, k.shape,
+                                             shards > 1)
   # Each shard keeps its queries and reads the whole row's keys and values
   # (gathered over 'sequence' on the way in), and its part of the
   # kernel's block tables: which key blocks its query blocks visit.

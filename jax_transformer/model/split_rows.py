@@ -65,14 +65,7 @@ def attention(q: Array, k: Array, v: Array, mask: Mask,
   """
   batch, length, num_keys = q.shape[0], q.shape[1], k.shape[1]
   mesh = jax.sharding.get_abstract_mesh()
-  batch_axes, head_axes = sharding.BATCH_AXES, ('tensor',)
-  q_spec = sharding.manual_spec(mesh, q.shape,
-                                (batch_axes, ('sequence',), head_axes, ()))
-  kv_spec = sharding.manual_spec(mesh, k.shape,
-                                 (batch_axes, (), head_axes, ()))
-  if q_spec[2] != kv_spec[2]:  # heads split unevenly: keep groups whole
-    q_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
-    kv_spec = PartitionSpec(kv_spec[0], None, None, None)
+  q_spec, kv_spec = sharding.attention_specs(mesh, q.shape, k.shape, True)
   lengths = (jnp.full((batch,), num_keys, jnp.int32)
              if mask.key_lengths is None else mask.key_lengths)
   packed = mask.key_segments is not None
