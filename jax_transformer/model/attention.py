@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import checkify
 
-from jax_transformer.model import sharding, splash, split_rows
+from jax_transformer.model import balance, sharding, splash, split_rows
 from jax_transformer.model.config import ModelConfig
 from jax_transformer.model.layers import (
   dropout,
@@ -93,6 +93,19 @@ def implementation(config: ModelConfig, dtype) -> str | None:
   return 'cudnn' if fused else 'xla'
 
 
+def balanced_shards(config: ModelConfig, length: int) -> int:
+  """Into how many 'sequence' shards causal rows of length are reordered
+  for equal work (:mod:`balance`), under the mesh in context; 1 keeps row
+  order. Only where it pays: rows split over the axis and attended by
+  splash, which skips the blocks a causal mask empties (XLA's attention
+  computes every block, and cuDNN's with a written-out mask too)."""
+  shards = sharding.splits('length', length)
+  if (implementation(config, config.compute_dtype) == 'splash'
+      and splash.balances(length, shards)):
+    return shards
+  return 1
+
+
 def fused_context(q: Array, k: Array, v: Array, mask: Mask,
                   backend: str | None) -> Array:
   """softmax(q k^T / sqrt(H)) v by backend, without dropout.
@@ -112,7 +125,7 @@ def fused_context(q: Array, k: Array, v: Array, mask: Mask,
     return split_rows.attention(q, k, v, mask)
   if shards > 1:  # no other kernel is partitioned over split rows
     backend = 'xla'
-  args = attention_args(mask)
+  args = attention_args(mask, q.shape[1], k.shape[1])
   if backend == 'cudnn' and args['mask'] is not None:
     # cuDNN takes a mask only as long as the queries and keys: a padding
     # mask broadcast over the queries ([B, 1, 1, S]) is spread over them.
@@ -138,8 +151,9 @@ def whole_rows(kv: Array) -> Array:
   causal or not, so its causal work is even. Splash runs per shard with
   its block tables cut along the queries (:mod:`splash`), and cuDNN per
   shard with the shard's causal mask written out (:mod:`split_rows`);
-  both skip or mask the blocks above the diagonal, so the last shard
-  of a causal row does the most work (2n - 1 blocks to the first's 1).
+  both skip or mask the blocks above the diagonal, so in row order the
+  last shard of a causal row does the most work (2n - 1 blocks to the
+  first's 1); splash's rows are reordered to even it (:mod:`balance`).
   """
   return constrain(kv, ('batch', 'kv_length', 'kv_heads', 'head_dim'))
 
@@ -324,6 +338,8 @@ class Attention(nnx.Module):
     backend = implementation(self.config, q.dtype)
     if sharding.splits('length', q.shape[1]) > 1:
       k, v = whole_rows(k), whole_rows(v)
+    if mask.balanced:
+      k, v = (balance.in_row_order(x, mask.balanced) for x in (k, v))
     if deterministic or rate == 0.0:
       ctx = fused_context(q, k, v, mask, backend)
     else:

@@ -54,6 +54,9 @@ class Family:
     into it once); None for a family that does not generate text.
   torch_layout: the name of its PyTorch layout in
     ``interop.torch_layouts.LAYOUTS``; None for a family without one.
+  balances_rows: its batch is causal rows, every field [B, T], which the
+    step may reorder along T for split rows (``model.balance``): its model
+    then takes ``balanced=True``.
   """
   kind: str
   class_path: str
@@ -61,6 +64,7 @@ class Family:
   loss_call: Callable[[Batch, RowMasks], ModelCall]
   empty_cache: Callable[..., Any] | None = None
   torch_layout: str | None = None
+  balances_rows: bool = False
 
   @property
   def model_class(self) -> type:
@@ -177,4 +181,4 @@ ENCODER_DECODER = register(Family(
 DECODER_LM = register(Family(
     kind='decoder_lm', class_path='jax_transformer.model.models:DecoderLM',
     has_source=False, loss_call=_lm_loss_call, empty_cache=_lm_cache,
-    torch_layout='gpt2'))
+    torch_layout='gpt2', balances_rows=True))

@@ -21,6 +21,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_transformer.model import balance
+
 Array = jax.Array
 
 
@@ -73,12 +75,41 @@ class Mask:
   query_segments:  [B, T] and key_segments [B, S] int: packed rows; a query
                    sees keys of its own segment only, segment 0 is padding.
   dense:           bool, broadcastable to [B, N, T, S]: anything else.
+  balanced:        n > 1: the queries are a row in the balanced order of n
+                   'sequence' shards (:mod:`balance`), the keys the row in
+                   its own order; causality compares their places in the
+                   row. 0: queries and keys both in row order.
   """
   causal: bool = False
   key_lengths: Array | None = None
   query_segments: Array | None = None
   key_segments: Array | None = None
   dense_part: Array | None = None
+  balanced: int = 0
+
+  def query_positions(self, num_queries: int) -> Array:
+    """Each query's place in the row, [T] int32."""
+    if self.balanced:
+      return jnp.asarray(balance.row_positions(num_queries, self.balanced))
+    return jnp.arange(num_queries, dtype=jnp.int32)
+
+  def causal_part(self, num_queries: int, num_keys: int) -> Array | None:
+    """Causality as a bool array [1, 1, T, S] (None where not causal)."""
+    if not self.causal:
+      return None
+    return causal_mask(self.query_positions(num_queries),
+                       jnp.arange(num_keys))
+
+  def balanced_rows(self, shards: int) -> Mask:
+    """This causal self-attention mask with its queries in the balanced
+    order of ``shards`` shards (:mod:`balance`): the query segments as
+    given, the key segments put back in row order as the keys are."""
+    if self.dense_part is not None:
+      raise ValueError('Rows in balanced order take key lengths or packed '
+                       'segments, not a dense mask.')
+    keys = (None if self.key_segments is None
+            else balance.in_row_order(self.key_segments, shards))
+    return dataclasses.replace(self, key_segments=keys, balanced=shards)
 
   def unstructured(self) -> Array | None:
     """The parts no attention backend takes as structure, as one array
@@ -89,11 +120,10 @@ class Mask:
 
   def dense(self, num_queries: int, num_keys: int) -> Array | None:
     """The whole mask as one bool array broadcastable to [B, N, T, S]."""
-    causal = (causal_mask(jnp.arange(num_queries), jnp.arange(num_keys))
-              if self.causal else None)
     lengths = (None if self.key_lengths is None
                else length_mask(self.key_lengths, num_keys))
-    return combine(causal, lengths, self.unstructured())
+    return combine(self.causal_part(num_queries, num_keys), lengths,
+                   self.unstructured())
 
 
 def as_mask(mask: Mask | Array | None) -> Mask:
@@ -101,17 +131,24 @@ def as_mask(mask: Mask | Array | None) -> Mask:
   return mask if isinstance(mask, Mask) else Mask(dense_part=mask)
 
 
-def attention_args(mask: Mask) -> dict:
-  """Keyword arguments of ``jax.nn.dot_product_attention`` for ``mask``.
+def attention_args(mask: Mask, num_queries: int = 0,
+                   num_keys: int = 0) -> dict:
+  """Keyword arguments of ``jax.nn.dot_product_attention`` for ``mask``
+  (num_queries and num_keys: T and S, needed for balanced rows).
 
   Causality and key lengths go as ``is_causal`` and
   ``key_value_seq_lengths``, which a fused kernel applies without reading a
   mask. Query lengths are never passed: that would zero the outputs of
   padding queries, which the dense path leaves as attention over the real
   keys (both are ignored downstream; keeping them equal keeps the paths
-  comparable bit for bit).
+  comparable bit for bit). Balanced rows (queries and keys in different
+  orders) are causal by their places in the row, which ``is_causal``
+  cannot say: that goes into the mask.
   """
   lengths = mask.key_lengths
-  return dict(mask=mask.unstructured(), is_causal=mask.causal,
+  causal = (mask.causal_part(num_queries, num_keys) if mask.balanced
+            else None)
+  return dict(mask=combine(causal, mask.unstructured()),
+              is_causal=mask.causal and not mask.balanced,
               key_value_seq_lengths=(None if lengths is None
                                      else lengths.astype(jnp.int32)))

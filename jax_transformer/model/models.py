@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer.model import attention as attn
-from jax_transformer.model import masks, stack
+from jax_transformer.model import masks, sharding, stack
 from jax_transformer.model.attention import KVCache
 from jax_transformer.model.blocks import (
   ACTIVATION_AXES,
@@ -345,12 +345,23 @@ class DecoderLM(_Transformer):
                segment_ids: Array | None = None,
                positions: Array | None = None,
                rngs: nnx.Rngs | None = None,
-               return_hidden: bool = False) -> Array:
+               return_hidden: bool = False,
+               balanced: bool = False) -> Array:
     """ids [B, T] -> next-token logits [B, T, V] (float32), causally masked;
-    or the hidden states [B, T, D] under the head when return_hidden."""
+    or the hidden states [B, T, D] under the head when return_hidden.
+
+    balanced: ids, segment_ids and positions (needed) are the rows in the
+    balanced order of the mesh's 'sequence' shards (:mod:`balance`), and
+    the outputs come in that order.
+    """
+    if balanced and positions is None:
+      raise ValueError('Rows in balanced order need their positions [B, T].')
     if positions is None:
       positions = default_positions(ids, mask, segment_ids)
     self_mask = key_mask(mask, segment_ids, causal=True)
+    shards = sharding.splits('length', ids.shape[1])
+    if balanced and shards > 1:
+      self_mask = self_mask.balanced_rows(shards)
     x = self._embed(ids, positions, rngs, deterministic)
     x = stack.run(
         self.layers, x,

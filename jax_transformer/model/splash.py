@@ -21,7 +21,8 @@ A Pallas call cannot be partitioned by the compiler, so under a mesh the
 kernel runs per shard (``jax.shard_map``): batch over ('data', 'fsdp'),
 heads over 'tensor', a row's queries over 'sequence' (each shard reading
 the whole row's keys and values), as :func:`sharding.constrain` lays them
-out.
+out. Split causal rows come reordered so that each shard does equal work
+(:mod:`balance`); the kernel's mask then places each query in the row.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from jax_transformer.model import sharding
+from jax_transformer.model import balance, sharding
 from jax_transformer.model.masks import Mask
 
 Array = jax.Array
@@ -45,11 +46,22 @@ LANES = 128
 BLOCK = 512
 
 
+def balances(length: int, shards: int) -> bool:
+  """Whether causal rows of length split into ``shards`` parts are worth
+  reordering (:mod:`balance`) and the kernel takes them so: each of the
+  2n chunks whole blocks of lanes, and the lazy causal mask's rule."""
+  return (shards > 1 and length % (2 * shards * LANES) == 0
+          and length % (shards * shards) == 0)
+
+
 def takes(mask: Mask, num_queries: int, num_keys: int,
           shards: int = 1) -> bool:
   """Whether the kernel computes this self-attention exactly, its queries
   split into ``shards`` parts of the row (the mesh's 'sequence' axis)."""
   if mask.dense_part is not None or num_queries != num_keys:
+    return False
+  if mask.balanced and (mask.balanced != shards
+                        or not balances(num_queries, shards)):
     return False
   if num_queries % shards or (num_queries // shards) % LANES:
     return False
@@ -60,8 +72,10 @@ def takes(mask: Mask, num_queries: int, num_keys: int,
   if mask.causal and num_queries % (shards * shards):
     return False  # the lazy causal mask's rule for a split row
   packed = mask.key_segments is not None
+  # A balanced row's query segments are its key segments reordered.
   if packed and (mask.key_lengths is not None
-                 or mask.query_segments is not mask.key_segments):
+                 or (mask.query_segments is not mask.key_segments
+                     and not mask.balanced)):
     return False
   return True
 
@@ -71,16 +85,31 @@ def _block(length: int) -> int:
   return max(b for b in range(LANES, BLOCK + 1, LANES) if length % b == 0)
 
 
+class _BalancedCausalMask(splash.CausalMask):
+  """Causal over a row in balanced order (:mod:`balance`) against keys in
+  row order: the kernel compares each query's place in the row, which a
+  lazy causal mask reads from its ``q_sequence``."""
+
+  def __init__(self, length: int, shards: int):
+    super().__init__((length, length), shard_count=shards)
+    self.q_sequence = balance.row_positions(length, shards)
+
+
 @functools.lru_cache(maxsize=64)
 def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
-            interpret: bool, shards: int = 1):
+            interpret: bool, shards: int = 1, balanced: bool = False):
   """The splash kernel for [num_heads, length, H] queries (one row), its
   block tables cut into ``shards`` parts along the queries: each shard of
-  a row split over 'sequence' reads its own part (see :func:`attention`)."""
+  a row split over 'sequence' reads its own part (see :func:`attention`).
+  balanced: the queries come in balanced order, blocks within chunks."""
   shape = (length, length)
-  head = (splash.CausalMask(shape, shard_count=shards) if causal
-          else splash.FullMask(shape))
-  b = _block(length // shards)
+  if balanced:
+    head = _BalancedCausalMask(length, shards)
+  elif causal:
+    head = splash.CausalMask(shape, shard_count=shards)
+  else:
+    head = splash.FullMask(shape)
+  b = _block(length // (2 * shards if balanced else shards))
   blocks = splash.BlockSizes(
       block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
@@ -97,8 +126,8 @@ def _kernel(num_heads: int, length: int, causal: bool, grouped: bool,
 def _segments(mask: Mask, batch: int, length: int) -> tuple[Array, Array]:
   """(query, key) segment ids, each [B, T] int32, for mask."""
   if mask.key_segments is not None:
-    ids = mask.key_segments.astype(jnp.int32)
-    return ids, ids
+    return (mask.query_segments.astype(jnp.int32),
+            mask.key_segments.astype(jnp.int32))
   queries = jnp.ones((batch, length), jnp.int32)
   if mask.key_lengths is None:
     return queries, queries
@@ -144,7 +173,7 @@ def attention(q: Array, k: Array, v: Array, mask: Mask,
   shards = sharding.splits('length', length)
   q_ids, kv_ids = _segments(mask, batch, length)
   kernel = _kernel(groups if groups > 1 else heads, length, mask.causal,
-                   groups > 1, interpret, shards)
+                   groups > 1, interpret, shards, bool(mask.balanced))
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return _attend_local(kernel, q, k, v, q_ids, kv_ids)

@@ -2,15 +2,16 @@
 
 JAX's partitioning of cuDNN's kernel refuses a split sequence dimension,
 so where the mesh splits a row's positions the kernel runs per shard
-(``jax.shard_map``): each shard keeps its queries, the T / n positions
-starting at shard * T / n, and reads the whole row's keys and values,
-gathered over the axis on the way in (their gradients summed back on the
-way out). Causality then depends on where the shard's queries start,
-which the kernel's own causal flag cannot say (it aligns queries and keys
-at position 0), so the shard's mask is written out: causal by global
-position, key lengths and packed segments, [B, 1, T / n, S] (cuDNN reads
-it as a bias; at 32,768 keys and 4,096 queries a shard that is 128 MiB,
-against 8 GiB for XLA's float32 scores of 16 heads).
+(``jax.shard_map``): each shard keeps its T / n queries and reads the
+whole row's keys and values, gathered over the axis on the way in (their
+gradients summed back on the way out). Causality then depends on where
+the shard's queries sit in the row (from shard * T / n on, or the two
+chunks of a balanced row), which the kernel's own causal flag cannot say
+(it aligns queries and keys at position 0), so the shard's mask is
+written out: causal by the queries' places in the row, key lengths and
+packed segments, [B, 1, T / n, S] (cuDNN reads it as a bias; at 32,768
+keys and 4,096 queries a shard that is 128 MiB, against 8 GiB for XLA's
+float32 scores of 16 heads).
 """
 
 from __future__ import annotations
@@ -38,15 +39,15 @@ def takes(mask: Mask) -> bool:
   return mask.dense_part is None
 
 
-def _local(q: Array, k: Array, v: Array, lengths: Array, q_segments: Array,
-           k_segments: Array, *, causal: bool, packed: bool,
-           implementation: str) -> Array:
-  """One shard: q [B, t, N, H] (positions from shard * t), k and v
-  [B, S, K, H], lengths [B], segments [B, t] and [B, S] -> [B, t, N, H]."""
+def _local(q: Array, k: Array, v: Array, places: Array, lengths: Array,
+           q_segments: Array, k_segments: Array, *, causal: bool,
+           packed: bool, implementation: str) -> Array:
+  """One shard: q [B, t, N, H] at places [t] of the row, k and v
+  [B, S, K, H] (the row in order), lengths [B], segments [B, t] and
+  [B, S] -> [B, t, N, H]."""
   t, s = q.shape[1], k.shape[1]
-  start = jax.lax.axis_index('sequence') * t
   dense = combine(
-      causal_mask(start + jnp.arange(t), jnp.arange(s)) if causal else None,
+      causal_mask(places, jnp.arange(s)) if causal else None,
       length_mask(lengths, s),
       segment_mask(q_segments, k_segments) if packed else None)
   dense = jnp.broadcast_to(dense, (q.shape[0], 1, t, s))
@@ -78,7 +79,8 @@ def attention(q: Array, k: Array, v: Array, mask: Mask,
                             implementation=implementation)
   return jax.shard_map(
       local, mesh=mesh,
-      in_specs=(q_spec, kv_spec, kv_spec, PartitionSpec(q_spec[0]), rows,
-                PartitionSpec(q_spec[0], None)),
+      in_specs=(q_spec, kv_spec, kv_spec, PartitionSpec(q_spec[1]),
+                PartitionSpec(q_spec[0]), rows, PartitionSpec(q_spec[0], None)),
       out_specs=q_spec, check_vma=False)(
-          q, k, v, lengths.astype(jnp.int32), q_segments, k_segments)
+          q, k, v, mask.query_positions(length), lengths.astype(jnp.int32),
+          q_segments, k_segments)

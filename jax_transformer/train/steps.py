@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer.experiment import OptimConfig
-from jax_transformer.model import lora, sharding
+from jax_transformer.model import attention, balance, lora, sharding
 from jax_transformer.model.families import family_of
 from jax_transformer.model.params import ModelDef
 from jax_transformer.train import optim
@@ -58,9 +58,17 @@ def forward(model: nnx.Module, batch: Batch, deterministic: bool,
       return {'segment_ids': segment_ids}
     return {'mask': _lengths(segment_ids), 'segment_ids': None}
 
-  call = family_of(model).loss_call(batch, row_masks)
-  out = model(*call.args, **call.kwargs, deterministic=deterministic,
-              rngs=rngs, return_hidden=return_hidden)
+  family = family_of(model)
+  kwargs = {}
+  if family.balances_rows:
+    length = next(iter(batch.values())).shape[1]
+    shards = attention.balanced_shards(model.config, length)
+    if shards > 1:  # the loss sums over tokens: their order is free
+      batch, kwargs = balance.balanced_batch(batch, shards), {'balanced': True}
+  call = family.loss_call(batch, row_masks)
+  out = model(*call.args, **call.kwargs, **kwargs,
+              deterministic=deterministic, rngs=rngs,
+              return_hidden=return_hidden)
   return out, call.targets, call.weights
 
 
