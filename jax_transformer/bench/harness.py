@@ -61,7 +61,7 @@ def make_checkpoint(folder: str) -> str:
 
 def run(rounds: int, limit: int, batch_size: int = 16) -> list[dict]:
   folder = make_checkpoint(tempfile.mkdtemp(prefix='harness_bench_'))
-  manager = tasks.task_manager(None)
+  manager = tasks.task_manager(None, TASKS)
   ours = JaxTransformerLM.from_workdir(folder, batch_size=batch_size)
 
   def side(model, **kwargs):

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('backend_parity')]
 def evaluate(model, **kwargs):
   return lm_eval.simple_evaluate(
       model=model, tasks=TASKS, limit=LIMIT, log_samples=True,
-      bootstrap_iters=0, task_manager=tasks.task_manager(None), **kwargs)
+      bootstrap_iters=0, task_manager=tasks.task_manager(None, TASKS), **kwargs)
 
 
 @pytest.fixture(scope='module', params=['gpt2', 'llama3'])

@@ -25,6 +25,20 @@ def test_the_bundled_tasks_are_found_by_name_and_tag():
                'shakespeare_bpb', 'shakespeare'):
     assert manager.match_tasks([name]), name
   assert not manager.match_tasks(['no_such_task_x'])
+  # Asked for bundled tasks by name, lm-eval's own are not indexed, and
+  # the tasks resolve to the same YAMLs as in the whole index.
+  names = ['shakespeare_bpb', 'shakespeare_continue']
+  local = tasks.task_manager(None, names)
+  assert 'hellaswag' in manager.all_tasks
+  assert set(local.all_tasks) < set(manager.all_tasks)
+  assert 'hellaswag' not in local.all_tasks
+  for name in names:
+    assert local._index[name].yaml_path == manager._index[name].yaml_path
+  # A tag, or a task of lm-eval's own, gets the whole index.
+  folders = [tasks.bundled_dir()]
+  assert tasks.folders_alone(folders, ['shakespeare']) is None
+  assert tasks.folders_alone(folders, ['shakespeare_bpb', 'hellaswag']) is None
+  assert tasks.folders_alone(folders, []) is None
 
 
 @pytest.mark.parametrize('text, value', [('5', 5), ('0.25', 0.25),
