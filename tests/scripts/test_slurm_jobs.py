@@ -98,12 +98,12 @@ def wait_for_segment(slurm, job, log, work, start):
 
 def test_two_tasks_at_the_time_limit_and_preempted_save_requeue_and_finish(
     slurm, shakespeare, tmp_path):
-  """Task 1 is made slow to exit (10 s after JAX's shutdown barrier): the task
+  """Task 1 is made slow to exit (3 s after JAX's shutdown barrier): the task
   that saved first must not end it, every segment must come back, and the
   log must hold them all."""
   job, work, log = submit(
       slurm, tmp_path, shakespeare, '--config.num_steps=300', tasks=2,
-      env={faults.ENV: 'sleep10@exit:*', faults.PROCESS_ENV: '1'})
+      env={faults.ENV: 'sleep3@exit:*', faults.PROCESS_ENV: '1'})
   wait_for_a_step_after(work, 0)
   slurm.command('scancel', '--signal=TERM', job)  # what the time limit sends
   wait_for_segment(slurm, job, log, work, 2)
