@@ -14,6 +14,7 @@ console.
     python scripts/benchmark.py --suite harness --limit 200  # lm-eval
     python scripts/benchmark.py --suite serve         # the HTTP server
     python scripts/benchmark.py --suite sequence      # the sequence axis
+    python scripts/benchmark.py --suite matmul        # the forward's dots
 
 Suites (see ``jax_transformer/bench/``):
 
@@ -75,6 +76,10 @@ Suites (see ``jax_transformer/bench/``):
   against heads split over tensor (fsdp 2 x tensor 4), at seq_len 512 to
   4096 (``--seq_lens``), interleaved rounds (default 5): median times, the
   median per-round ratio sequence / tensor, each step's memory a device.
+* ``matmul``: the paper-base forward's matrix products alone (the ``cpu``
+  suite's batch), XLA:CPU's float32 dot against PyTorch's at each shape,
+  interleaved rounds (default 7): median times and GFLOP/s, the median
+  per-round ratio, and the ratio of all of one forward's dots together.
 
 Every row goes to stdout as one JSON object (and to ``--output``); the
 table goes to stderr.
@@ -92,7 +97,7 @@ from jax_transformer.bench import timing
 from jax_transformer.errors import UsageError
 
 SUITES = ('cpu', 'nanogpt', 'gpu', 'pipeline', 'stop', 'plan', 'lora',
-          'restart', 'local_tier', 'harness', 'serve', 'sequence')
+          'restart', 'local_tier', 'harness', 'serve', 'sequence', 'matmul')
 
 
 def gpu_items() -> tuple[str, ...]:
@@ -231,6 +236,9 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
                                  ' --xla_force_host_platform_device_count=8')
     from jax_transformer.bench import sequence  # pylint: disable=g-import-not-at-top
     return sequence.run(args.rounds, args.seq_lens)
+  if args.suite == 'matmul':
+    from jax_transformer.bench import matmul  # pylint: disable=g-import-not-at-top
+    return matmul.run(args.rounds)
   if args.suite == 'lora':
     from jax_transformer.bench import lora  # pylint: disable=g-import-not-at-top
     return lora.run(args.rounds)
@@ -279,7 +287,8 @@ TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',
               'hf_ttft_p50_s', 'ours_ttft_p99_s', 'hf_ttft_p99_s',
               'ours_tpot_s', 'hf_tpot_s', 'ours_weight_streaming',
               'load_average', 'sequence_s', 'tensor_s',
-              'sequence_memory_gb', 'tensor_memory_gb', 'error')
+              'sequence_memory_gb', 'tensor_memory_gb', 'what',
+              'jax_gflop_s', 'torch_gflop_s', 'error')
 
 
 def table(rows: list[dict]) -> str:
