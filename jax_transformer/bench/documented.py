@@ -69,6 +69,12 @@ FIGURES = (
            '[below](#the-step-against-pytorch---suite-cpu)',
            (*STEP_CODE, 'jax_transformer/bench/step.py',
             'jax_transformer/interop/torch_reference.py')),
+    Figure("the paper-base forward's dots alone against PyTorch's (its "
+           'shapes, float32)', 'matmul', {'shape': 'forward_dots'}, 'ratio',
+           "{m:.2f}x PyTorch's time (rounds {lo:.2f}-{hi:.2f})",
+           'python scripts/benchmark.py --suite matmul',
+           '[below](#the-step-against-pytorch---suite-cpu)',
+           ('jax_transformer/bench/matmul.py',)),
     Figure('the paper-base train step, compile time', 'cpu',
            {'model': 'transformer_base', 'step': 'train'}, 'compile_s',
            '{m:.1f} s', 'python scripts/benchmark.py',

@@ -90,7 +90,12 @@ def run(rounds: int) -> list[dict[str, Any]]:
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   rows, total = [], {'jax': [0.0] * rounds, 'torch': [0.0] * rounds}
   for what, left, right, count in shapes():
-    times = timing.interleave(_contenders(left, right), rounds)
+    contenders = _contenders(left, right)
+    ours, theirs = (np.asarray(f()) for f in contenders.values())
+    if not np.allclose(ours, theirs, rtol=1e-4, atol=1e-3):
+      raise AssertionError(f'{what}: the two sides multiply differently; '
+                           'the timings would compare different work.')
+    times = timing.interleave(contenders, rounds)
     for side in total:
       total[side] = [t + count * s / REPEATS
                      for t, s in zip(total[side], times[side])]
