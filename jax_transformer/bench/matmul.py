@@ -17,11 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_transformer.bench import timing
-from jax_transformer.model.config import transformer_base
+from jax_transformer.bench import step, timing
 
-TOKENS = 8 * 64      # token rows of each side of the cpu suite's batch
-ROWS, LENGTH = 8, 64
+# The cpu suite's paper-base case: its batch's rows and lengths (source
+# and target alike), and the token rows of each side.
+CASE = step.base_case()
+ROWS, LENGTH = CASE['batch'], CASE['tgt_len']
+TOKENS = ROWS * LENGTH
 
 
 def shapes() -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
@@ -29,7 +31,7 @@ def shapes() -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
   paper-base forward's dots: projections of 6 encoder and 6 decoder layers
   (self-attention 4 each, cross-attention 4), their feed-forwards, the
   logits, and per-head attention scores and sums (18 attentions)."""
-  c = transformer_base()
+  c = CASE['config']
   d, f, v, h = c.d_model, c.d_ff, c.vocab_size, c.num_heads
   layers = c.num_encoder_layers + c.num_decoder_layers
   heads = (ROWS * h, LENGTH, d // h)
@@ -70,8 +72,8 @@ def _contenders(left, right) -> dict[str, Callable[[], Any]]:
     # nothing against the dot.
     def body(i, total):
       return total + jnp.matmul(a * (1.0 + 1e-7 * i), b)
-    out = jax.ShapeDtypeStruct((*left[:-1], right[-1]), jnp.float32)
-    return jax.lax.fori_loop(0, REPEATS, body, jnp.zeros(out.shape))
+    return jax.lax.fori_loop(0, REPEATS, body,
+                             jnp.zeros((*left[:-1], right[-1])))
   ja, jb = jnp.asarray(a), jnp.asarray(b)
   ta, tb = torch.from_numpy(a), torch.from_numpy(b)
 

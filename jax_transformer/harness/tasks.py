@@ -115,10 +115,10 @@ def task_manager(include_path: str | None,
   unless every one of ``names`` is a task found there, lm-eval's own.
 
   Indexing lm-eval's own task YAMLs (about 14,000) takes 8 s at every
-  start (a 2-core Xeon, 2026-12-06); a folder of a few, a millisecond. A task found in
-  the folders resolves as it would in the whole index, where the folders
-  take precedence; a tag or a group may gather tasks from lm-eval's own,
-  so it gets the whole index.
+  start (a 2-core Xeon, 2026-12-06); a folder of a few, a millisecond. A
+  task found in the folders resolves as it would in the whole index,
+  where the folders take precedence; a tag or a group may gather tasks
+  from lm-eval's own, so it gets the whole index.
   """
   paths = [bundled_dir()]
   if include_path is not None:
