@@ -359,7 +359,8 @@ class DecoderLM(_Transformer):
     if positions is None:
       positions = default_positions(ids, mask, segment_ids)
     self_mask = key_mask(mask, segment_ids, causal=True)
-    if balanced and (shards := sharding.splits('length', ids.shape[1])) > 1:
+    shards = sharding.splits('length', ids.shape[1])
+    if balanced and shards > 1:
       self_mask = self_mask.balanced_rows(shards)
     x = self._embed(ids, positions, rngs, deterministic)
     x = stack.run(
