@@ -68,6 +68,27 @@ def _adapter_specs(spec: str) -> tuple[str, str]:
           f'{batch}{RANK},{RANK}{rhs[len(ins):]}->{out}')
 
 
+def contract(spec: str, x: Array, w: Array) -> Array:
+  """``jnp.einsum(spec, x, w)`` for x [batch..., *in], w [*in, *out], with
+  the contracted axes merged into one where there are several.
+
+  The attention's output projection contracts over heads and head_dim
+  ('BTNH,NHD->BTD'); as two axes, XLA:CPU lays the product out by
+  transposing the whole [N, H, D] weight on every call (a copy of the
+  weight per layer per decoded token). Merged, both reshapes are free for
+  row-major arrays and the weight is read as stored.
+  """
+  lhs, rest = spec.split(',')
+  rhs, out = rest.split('->')
+  ins = ''.join(c for c in rhs if c in lhs)
+  n = len(ins)
+  if n < 2 or not (lhs.endswith(ins) and rhs.startswith(ins)):
+    return jnp.einsum(spec, x, w)
+  x = x.reshape(*x.shape[:-n], -1)
+  w = w.reshape(-1, *w.shape[n:])
+  return jnp.einsum(f'{lhs[:-n]}{ins[0]},{ins[0]}{rhs[n:]}->{out}', x, w)
+
+
 def project(x: Array, kernel: nnx.Variable | Array | LowRank, spec: str,
             dtype) -> Array:
   """``jnp.einsum(spec, x, W)`` in ``dtype``, plus the adapter's
@@ -83,11 +104,11 @@ def project(x: Array, kernel: nnx.Variable | Array | LowRank, spec: str,
   if not isinstance(kernel, LowRank):
     if not isinstance(kernel, jax.Array):  # int8 weights: [...] dequantizes
       kernel = kernel[...]
-    return jnp.einsum(spec, x, kernel.astype(dtype))
-  y = jnp.einsum(spec, x, kernel.kernel.astype(dtype))
+    return contract(spec, x, kernel.astype(dtype))
+  y = contract(spec, x, kernel.kernel.astype(dtype))
   into, out_of = _adapter_specs(spec)
-  h = jnp.einsum(into, _dropped(x, kernel.dropout, kernel.key),
-                 kernel.a.astype(dtype))
+  h = contract(into, _dropped(x, kernel.dropout, kernel.key),
+               kernel.a.astype(dtype))
   # The scale on the [batch..., r] product: the smallest tensor here.
   h = h * jnp.asarray(kernel.scale, dtype)
   return y + jnp.einsum(out_of, h, kernel.b.astype(dtype))
