@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   more = ', the next chunk of a longer prompt' if engine.chunked else ''
   print(f'Loaded {args.workdir} and compiled {count} programs in '
         f'{seconds:.1f} s ({len(engine.step_rows)} decode steps of '
-        f'{engine.step_rows[0]} to {engine.slots} rows, '
+        f'{engine.step_rows[0]} to {engine.slots} rows and their writes, '
         f'{len(engine.buckets)} prompt widths up to {engine.chunk} '
         f'tokens{more}); {engine.slots} slots of {engine.max_len} tokens.',
         flush=True)

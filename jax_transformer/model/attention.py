@@ -187,6 +187,36 @@ class KVCache(NamedTuple):
     return self.valid.shape[1]
 
 
+class NewSlots(NamedTuple):
+  """What ``extend(..., write=False)`` leaves to write into the cache: the
+  new tokens' keys and values per decoder layer [B, T, K, H], their mask
+  [B, T] (False: padding, or a row that runs masked) and the slot they go
+  to (the cache's index: a scalar or [B])."""
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+  mask: Array
+  index: Array
+
+
+def write_new(cache: KVCache, new: NewSlots) -> KVCache:
+  """cache with new's keys, values and mask written at new.index, for the
+  first rows of cache (as many as new has), and those rows' index moved
+  past the T new slots, as ``extend`` moves it; a row whose mask is all
+  False (it runs masked: no request) keeps its index."""
+  rows = new.mask.shape[0]
+  index = jnp.broadcast_to(new.index, (rows,))
+  put = lambda whole, part: write_rows(  # noqa: E731
+      whole, cache_layout(part).astype(whole.dtype), index, axis=2)
+  moved = index + jnp.where(new.mask.any(axis=1), new.mask.shape[1], 0)
+  return cache._replace(
+      keys=tuple(put(w, n) for w, n in zip(cache.keys, new.keys)),
+      values=tuple(put(w, n) for w, n in zip(cache.values, new.values)),
+      valid=write_rows(cache.valid, new.mask, index, axis=1),
+      index=jax.lax.dynamic_update_slice_in_dim(
+          jnp.broadcast_to(cache.index, (cache.valid.shape[0],)), moved, 0,
+          axis=0))
+
+
 def cache_layout(kv: Array) -> Array:
   """Keys or values [B, S, K, H] as the cache holds them: [B, K, S, H]."""
   return kv.transpose(0, 2, 1, 3)
@@ -229,7 +259,8 @@ def write_slots(cache_kv: Array, new: Array, index: Array) -> Array:
 
 
 def write_rows(array: Array, new: Array, index: Array, axis: int) -> Array:
-  """array [B, ...] with row b of new written at index[b] along axis.
+  """array [B, ...] with row b of new [R <= B, ...] written at index[b]
+  along axis (rows past R as they were).
 
   One dynamic-update-slice per row (B of them, unrolled), not a scatter:
   XLA updates a donated cache in place through these, where a scatter (or
@@ -237,7 +268,7 @@ def write_rows(array: Array, new: Array, index: Array, axis: int) -> Array:
   first, every decoding step.
   """
   zero = jnp.zeros((), jnp.int32)
-  for b in range(array.shape[0]):
+  for b in range(new.shape[0]):
     start = [zero] * array.ndim
     start[0], start[axis] = jnp.int32(b), index[b].astype(jnp.int32)
     array = jax.lax.dynamic_update_slice(array, new[b:b + 1], start)
@@ -256,18 +287,58 @@ def cached_context(q: Array, k: Array, v: Array, mask: Array | None
   of jax.nn.dot_product_attention's XLA path (scale after the product,
   softmax in float32, probabilities in the values' dtype).
   """
+  probs = _probabilities(_scores(q, k), mask).astype(v.dtype)
+  return _context(probs, v, q.shape)
+
+
+def extended_context(q: Array, cache_kv: tuple[Array, Array],
+                     cache_mask: Array, new_kv: tuple[Array, Array],
+                     new_mask: Array) -> Array:
+  """:func:`cached_context` over a cache's slots and T new tokens beside
+  them, not written into it.
+
+  q [B, T, N, H]; cache_kv: keys and values [B, K, S, H]; cache_mask
+  [B|1, 1, T|1, S]: the slots to attend; new_kv: the new tokens' keys and
+  values [B, T, K, H]; new_mask [B|1, 1, T, T] -> [B, T, N, H]. The same
+  softmax over S + T keys as attending a cache holding the new tokens (the
+  sums in another order), for a program that only reads the cache.
+  """
+  b, t = q.shape[:2]
+  new_k, new_v = (cache_layout(x).astype(cache_kv[1].dtype) for x in new_kv)
+  slots = cache_kv[0].shape[2]
+  scores = jnp.concatenate([_scores(q, cache_kv[0]), _scores(q, new_k)],
+                           axis=-1)
+  mask = jnp.concatenate(
+      [jnp.broadcast_to(cache_mask, (b, 1, t, slots)),
+       jnp.broadcast_to(new_mask, (b, 1, t, t))], axis=-1)
+  probs = _probabilities(scores, mask).astype(new_v.dtype)
+  return (_context(probs[..., :slots], cache_kv[1], q.shape)
+          + _context(probs[..., slots:], new_v, q.shape))
+
+
+def _scores(q: Array, k: Array) -> Array:
+  """q [B, T, N, H], k [B, K, S, H] -> scaled scores [B, K, G, T, S]
+  float32 (G = N / K query heads per key head)."""
   b, t, n, h = q.shape
   groups = n // k.shape[1]
   q = q.reshape(b, t, k.shape[1], groups, h)
   scores = jnp.einsum('BTKGH,BKSH->BKGTS', q, k,
                       preferred_element_type=jnp.float32)
-  scores = scores * jnp.float32(1.0 / np.sqrt(h))
+  return scores * jnp.float32(1.0 / np.sqrt(h))
+
+
+def _probabilities(scores: Array, mask: Array | None) -> Array:
+  """softmax over S of scores [B, K, G, T, S] (float32) where mask
+  [B, 1, T, S] (broadcastable) allows."""
   if mask is not None:
     scores = jnp.where(mask[:, :, None], scores,
                        jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  ctx = jnp.einsum('BKGTS,BKSH->BTKGH', probs, v)
-  return ctx.reshape(b, t, n, h)
+  return jax.nn.softmax(scores, axis=-1)
+
+
+def _context(probs: Array, v: Array, q_shape: tuple[int, ...]) -> Array:
+  """probs [B, K, G, T, S] times v [B, K, S, H] -> [B, T, N, H]."""
+  return jnp.einsum('BKGTS,BKSH->BTKGH', probs, v).reshape(q_shape)
 
 
 class Attention(nnx.Module):
@@ -352,6 +423,14 @@ class Attention(nnx.Module):
     """Like :meth:`attend` (deterministic) over a cache's keys and values
     [B, K, S, H] (see :func:`cached_context`) -> [B, T, D]."""
     return self._output(cached_context(q, k, v, mask))
+
+  def attend_extended(self, q: Array, cache_kv: tuple[Array, Array],
+                      cache_mask: Array, new_kv: tuple[Array, Array],
+                      new_mask: Array) -> Array:
+    """Like :meth:`attend_cache` over a cache and new tokens beside it
+    (see :func:`extended_context`) -> [B, T, D]."""
+    return self._output(extended_context(q, cache_kv, cache_mask, new_kv,
+                                         new_mask))
 
   def _output(self, ctx: Array) -> Array:
     """The output projection: ctx [B, T, N, H] -> [B, T, D]."""

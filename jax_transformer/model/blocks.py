@@ -90,7 +90,7 @@ class DecoderLayer(_Layer):
                memory_kv: tuple[Array, Array] | None = None,
                memory_mask: Array | None = None,
                cache_kv: tuple[Array, Array] | None = None,
-               cache_index: Array | None = None,
+               cache_index: Array | None = None, write_cache: bool = True,
                rngs: nnx.Rngs | None = None, deterministic: bool = True):
     """One decoder layer.
 
@@ -98,7 +98,10 @@ class DecoderLayer(_Layer):
     positions [B, T]; memory_kv: cross-attention (keys, values), each
     [B, S, K, H] ([B, K, S, H] as the cache holds them when cache_kv is
     given); memory_mask [B|1, 1, T|1, S]; cache_kv: this layer's cached
-    (keys, values) [B, K, S_max, H], written at slot cache_index.
+    (keys, values) [B, K, S_max, H], written at slot cache_index;
+    write_cache False: the cache is only read (mask is then a pair: the
+    cache's slots' [B, 1, 1, S_max] and the new tokens' [B|1, 1, T, T]) and
+    the new tokens' (keys, values) [B, T, K, H] are returned in its place.
     Returns (x [B, T, D], updated cache_kv or None).
     """
     new_cache = None
@@ -110,6 +113,10 @@ class DecoderLayer(_Layer):
       k, v = self.self_attn.project_kv(h, positions)
       if not cached:
         return self.self_attn.attend(q, k, v, mask, rngs, deterministic)
+      if not write_cache:  # mask: (the cache's, the new tokens')
+        new_cache = (k, v)
+        return self.self_attn.attend_extended(q, cache_kv, mask[0], (k, v),
+                                              mask[1])
       new_cache = (write_slots(cache_kv[0], k, cache_index),
                    write_slots(cache_kv[1], v, cache_index))
       return self.self_attn.attend_cache(q, *new_cache, mask)

@@ -153,7 +153,8 @@ class _Transformer(nnx.Module):
   def extend(self, ids: Array, cache: KVCache, mask: Array | None = None,
              positions: Array | None = None,
              logits_at: Array | None = None,
-             return_hidden: bool = False) -> tuple[Array, KVCache]:
+             return_hidden: bool = False, write: bool = True
+             ) -> tuple[Array, KVCache | attn.NewSlots]:
     """Runs new tokens against the cache: a whole prompt, or one step.
 
     ids [B, T] go into cache slots [index, index + T); mask [B, T] marks real
@@ -164,6 +165,11 @@ class _Transformer(nnx.Module):
     Returns (logits [B, T, V] float32, or [B, 1, V] with logits_at; the
     updated cache). return_hidden: the final hidden states [B, T, D] (or
     [B, 1, D]) under the head instead of logits (see ``head_kernel``).
+    write=False: the cache is only read, and the new tokens' keys and
+    values come back in its place (:class:`attention.NewSlots`, for
+    :func:`attention.write_new`): where one program read the cache and
+    wrote it in place, XLA:CPU copied it (a layer's keys up to four times
+    a step), so a server reads in one program and writes in another.
 
     Slots past the cache's last are refused (see
     :func:`jax_transformer.model.attention.check_room`): a ValueError when
@@ -176,13 +182,21 @@ class _Transformer(nnx.Module):
     if positions is None:
       done = cache.valid.sum(axis=1, dtype=jnp.int32)[:, None]
       positions = done + default_positions(ids, mask) * mask
-    valid = _write_valid(cache.valid, mask, cache.index)
-    slots = jnp.asarray(cache.index)[..., None] + jnp.arange(t)
     # Cache slots are not positions (a prompt's padding takes slots), so
-    # this mask has no structure a kernel could use: it stays dense.
-    self_mask = masks.combine(
-        masks.causal_mask(slots, jnp.arange(cache.max_len)),
-        masks.padding_mask(valid))
+    # these masks have no structure a kernel could use: they stay dense.
+    if write:
+      valid = _write_valid(cache.valid, mask, cache.index)
+      slots = jnp.asarray(cache.index)[..., None] + jnp.arange(t)
+      self_mask = masks.combine(
+          masks.causal_mask(slots, jnp.arange(cache.max_len)),
+          masks.padding_mask(valid))
+    else:  # the valid slots before the new ones; those causally
+      before = (jnp.arange(cache.max_len)
+                < jnp.asarray(cache.index)[..., None])
+      self_mask = (masks.padding_mask(cache.valid & before),
+                   masks.combine(
+                       masks.causal_mask(jnp.arange(t), jnp.arange(t)),
+                       masks.padding_mask(mask)))
     memory_mask = (None if cache.memory_mask is None
                    else masks.padding_mask(cache.memory_mask))
     x = self._embed(ids, positions, None, True)
@@ -193,7 +207,7 @@ class _Transformer(nnx.Module):
       x, (k, v) = layer(x, self_mask, positions, memory_kv=memory_kv,
                         memory_mask=memory_mask,
                         cache_kv=(cache.keys[i], cache.values[i]),
-                        cache_index=cache.index)
+                        cache_index=cache.index, write_cache=write)
       keys.append(k)
       values.append(v)
     if logits_at is not None:
@@ -201,9 +215,13 @@ class _Transformer(nnx.Module):
     norm = self._decoder_norm()
     if norm is not None:
       x = norm(x)
+    out = x if return_hidden else self._logits(x)
+    if not write:
+      return out, attn.NewSlots(tuple(keys), tuple(values), mask,
+                                cache.index)
     cache = cache._replace(keys=tuple(keys), values=tuple(values),
                            valid=valid, index=cache.index + t)
-    return (x if return_hidden else self._logits(x)), cache
+    return out, cache
 
 
 class EncoderDecoder(_Transformer):

@@ -15,9 +15,10 @@ one :class:`Event` per token (from the engine's thread). Text, JSON and HTTP
 live above it (:mod:`jax_transformer.serving.api`).
 
 The programs are compiled once each, before the engine starts
-(:meth:`Engine.compile`): the decode step, a fresh-prompt prefill per
-bucket width (powers of two up to ``chunk``) and the next-chunk prefill of
-a long prompt. Nothing compiles while serving.
+(:meth:`Engine.compile`): the decode step and its write per number of
+rows, a fresh-prompt prefill per bucket width (powers of two up to
+``chunk``) and the next-chunk prefill of a long prompt. Nothing compiles
+while serving.
 """
 
 from __future__ import annotations
@@ -147,11 +148,16 @@ class Engine:
   # ---- the compiled programs ------------------------------------------
 
   def _call(self, program, *args):
-    kwargs = dict(mesh=self.mesh)
+    """program(parameters, *args) on the engine's mesh."""
+    return self._call_cache(program, self._graphdef, self._state, *args)
+
+  def _call_cache(self, program, *args):
+    """program(*args) on the engine's mesh (a program of the cache alone
+    takes no parameters)."""
     if self.mesh is None:
-      return program(self._graphdef, self._state, *args, **kwargs)
+      return program(*args, mesh=None)
     with jax.set_mesh(self.mesh):
-      return program(self._graphdef, self._state, *args, **kwargs)
+      return program(*args, mesh=self.mesh)
 
   def _empty_cache(self):
     model = nnx.merge(self._graphdef, self._state)
@@ -209,8 +215,9 @@ class Engine:
     tokens = np.array([r.last for r in held], np.int32)
     active = np.array([r is not self._idle for r in held])
     start = time.perf_counter()
-    out, self._cache = self._call(programs.decode_step, self._cache, tokens,
-                                  active, self._sampling(held))
+    out, new = self._call(programs.decode_step, self._cache, tokens, active,
+                          self._sampling(held))
+    self._cache = self._call_cache(programs.write_step, self._cache, new)
     out = np.asarray(out)
     self.stats['steps'] += 1
     self.stats['step_rows'] += len(decoding)
@@ -238,7 +245,7 @@ class Engine:
     jax.block_until_ready(self._cache)
     self._cache = self._empty_cache()
     self.stats.clear()
-    return (len(self.buckets) + self.chunked + len(self.step_rows),
+    return (len(self.buckets) + self.chunked + 2 * len(self.step_rows),
             time.perf_counter() - start)
 
   # ---- requests --------------------------------------------------------

@@ -9,8 +9,10 @@ prefill until its last token, and rows start and end at different times.
   ``C`` slots into its rows; only those slots move.
 * :func:`prefill_more` runs the next chunk of a long prompt against the
   rows' whole caches (gathered, then written back).
-* :func:`decode_step` advances every row by one token; rows without a
-  request run masked (nothing they write is ever attended).
+* :func:`decode_step` advances every row by one token, reading the cache;
+  :func:`write_step` then writes the new slots in place (one program
+  doing both made XLA copy the cache each step). Rows without a request
+  run masked (nothing they write is ever attended).
 
 Each returns the token chosen after the last real token of each row, drawn
 by :func:`choose` with that row's own sampling parameters.
@@ -153,36 +155,24 @@ def prefill_more(graphdef, state, cache: KVCache, rows: Array, ids: Array,
   return choose(logits[:, 0], sampling), constrain(cache, mesh)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def decode_step(graphdef, state, cache: KVCache, tokens: Array,
                 active: Array, sampling: Sampling, *, mesh=None):
-  """The first R rows one token further: tokens [R] (each row's last),
-  active [R] bool (rows holding a request). The rows after R are left as
-  they are: with few requests, a step costs what few rows cost (each R
-  is its own program). Returns (ids [R], cache)."""
+  """The first R rows one token further, read: tokens [R] (each row's
+  last), active [R] bool (rows holding a request). The cache is only read
+  (the rows after R not at all: with few requests, a step costs what few
+  rows cost; each R is its own program); :func:`write_step` writes what
+  the step made. Returns (ids [R], attention.NewSlots)."""
   model = nnx.merge(graphdef, state)
-  rows = _first(cache, tokens.shape[0])
-  logits, stepped = model.extend(tokens[:, None], rows, active[:, None])
-  at = rows.index
-  # A row without a request keeps its index: what it wrote there is not
-  # valid (never attended), and a prompt's next chunk writes over it.
-  index = jnp.where(active, stepped.index, at)
-  if rows is cache:
-    return (choose(logits[:, 0], sampling),
-            constrain(stepped._replace(index=index), mesh))
-  # Only the slot each row wrote goes back (the rest of its cache is as it
-  # was): writing whole rows back makes XLA copy the whole cache first.
+  logits, new = model.extend(tokens[:, None], _first(cache, tokens.shape[0]),
+                             active[:, None], write=False)
+  return choose(logits[:, 0], sampling), new
 
-  def put(whole, part, axis):
-    written = jnp.take_along_axis(
-        part, at.reshape((-1,) + (1,) * (part.ndim - 1)), axis=axis)
-    return attn.write_rows(whole, written, at, axis)
 
-  cache = cache._replace(
-      keys=tuple(put(w, p, 2) for w, p in zip(cache.keys, stepped.keys)),
-      values=tuple(put(w, p, 2) for w, p in zip(cache.values,
-                                                  stepped.values)),
-      valid=put(cache.valid, stepped.valid, 1),
-      index=jax.lax.dynamic_update_slice_in_dim(cache.index, index, 0,
-                                                axis=0))
-  return choose(logits[:, 0], sampling), constrain(cache, mesh)
+@functools.partial(jax.jit, static_argnames=('mesh',),
+                   donate_argnames='cache')
+def write_step(cache: KVCache, new: attn.NewSlots, *, mesh=None) -> KVCache:
+  """cache with a decode step's new slots written in place (its first R
+  rows; a row without a request writes a slot it never attends and keeps
+  its index, so a prompt's next chunk writes over it)."""
+  return constrain(attn.write_new(cache, new), mesh)

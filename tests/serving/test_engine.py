@@ -2,15 +2,18 @@
 answers equal decoding.generate's, whatever shares the batch, with no
 compile after start-up; and the per-row cache index it stands on."""
 
+import re
 import threading
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from jax_transformer import decoding
+from jax_transformer.model.attention import write_new
 from jax_transformer.model.config import small_lm
 from jax_transformer.model.models import DecoderLM
 from jax_transformer.serving import programs
@@ -159,3 +162,66 @@ def test_rows_at_their_own_cache_index_decode_as_each_alone(model):
     expected, _ = model.extend(nxt[r:r + 1], alone)
     np.testing.assert_allclose(together[r], expected[0], rtol=2e-6,
                                atol=2e-6)
+
+
+
+def _stepped_rows(model, lengths=(4, 9, 6)):
+  """A cache of a row per length at its own index, the tokens that come
+  next, and which rows hold a request (the third runs masked)."""
+  rng = np.random.default_rng(2)
+  rows = [rng.integers(3, 97, n) for n in lengths]
+  ids = jnp.array([np.pad(r, (0, 9 - len(r))) for r in rows], jnp.int32)
+  cache = model.init_cache(len(rows), 16)._replace(
+      index=jnp.zeros(len(rows), jnp.int32))
+  _, cache = model.extend(ids, cache, ids != 0)
+  cache = cache._replace(index=jnp.array(lengths, jnp.int32))
+  nxt = jnp.arange(5, 5 + len(rows), dtype=jnp.int32)[:, None]
+  return cache, nxt, (jnp.arange(len(rows)) != 2)[:, None]
+
+
+def test_a_step_read_then_written_equals_one_written_as_it_reads(model):
+  """extend(write=False) beside the cache, then write_new: the logits and
+  the cache of extend writing first (keys, values, valid), the sums in
+  another order, and the index
+  moved for the rows holding a request only."""
+  cache, nxt, active = _stepped_rows(model)
+  expected, written = model.extend(nxt, cache, active)
+  logits, new = model.extend(nxt, cache, active, write=False)
+  np.testing.assert_allclose(logits, expected, rtol=2e-6, atol=2e-6)
+  got = write_new(cache, new)
+  assert written.index.tolist() == [5, 10, 7]
+  assert got.index.tolist() == [5, 10, 6]
+  np.testing.assert_array_equal(got.valid, written.valid)
+  for a, b in zip(got.keys + got.values, written.keys + written.values):
+    # (a second layer's keys come from the first's output: same sums)
+    np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
+
+
+def test_the_decode_step_copies_no_cache(model):
+  """The decode step reads the cache and its write updates it in place:
+  no copy of a cache array in either program. One program that writes
+  the cache and then attends it (extend as generate.py runs it) copies
+  each layer's keys on this compiler at one row: why the step is two."""
+  cache, nxt, active = _stepped_rows(model, lengths=(4,))
+  graphdef, state = nnx.split(model)
+  shape = ','.join(map(str, cache.keys[0].shape))
+
+  def copies(compiled):
+    return [line for line in compiled.as_text().splitlines()
+            if re.search(rf'= f32\[{shape}\]\S* (copy|transpose)\(', line)]
+
+  sampling = programs.Sampling(np.zeros(1, np.float32),
+                               np.ones(1, np.float32),
+                               np.zeros((1, 2), np.uint32),
+                               np.zeros(1, np.int32))
+  args = (graphdef, state, cache, nxt[:, 0], active[:, 0], sampling)
+  step = programs.decode_step.lower(*args).compile()
+  _, new = programs.decode_step(*args)
+  write = programs.write_step.lower(cache, new).compile()
+  assert not copies(step) and not copies(write)
+
+  def written_then_read(state, cache):
+    return nnx.merge(graphdef, state).extend(nxt, cache, active)
+  both = jax.jit(written_then_read, donate_argnums=1).lower(
+      state, cache).compile()
+  assert copies(both)
