@@ -68,7 +68,10 @@ def test_accumulated_updates_equal_steps_on_concatenated_batches(optimizer):
   for name, want in one_step['params'].items():
     got = accumulated['params'][name]
     assert not np.array_equal(want, start['params'][name]), name
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7,
+    # Sums in another order (micro-batches against one batch): float32
+    # rounding moves an update by about 1e-7; weighing micro-batches
+    # per micro-batch would move them by the learning rate's scale (1e-2).
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-7,
                                err_msg=name)
 
 
