@@ -33,7 +33,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from jax_transformer import cpu_options, fields
+from jax_transformer import fields
 from jax_transformer.errors import UsageError
 
 # Bad input, as argparse and absl report it.
@@ -75,12 +75,10 @@ def then_exit(main: Callable[..., int]) -> Callable[..., int]:
   frozen (``gc.freeze``), so that the interpreter's shutdown does not walk
   them in its garbage collections. A process that imported JAX, Flax and
   TFDS spends 0.6-1.4 s of its exit there, 0.1 s frozen. Objects are still
-  freed by reference counting and atexit handlers still run. Before main,
-  XLA:CPU's options are set (``cpu_options.py``)."""
+  freed by reference counting and atexit handlers still run."""
 
   @functools.wraps(main)
   def run(*args, **kwargs) -> int:
-    cpu_options.apply()
     try:
       return main(*args, **kwargs)
     finally:

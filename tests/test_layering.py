@@ -18,8 +18,7 @@ PACKAGE = pathlib.Path(repo.ROOT) / 'jax_transformer'
 
 # Bottom to top. `jax_transformer/__init__.py` names its public values
 # lazily from every layer and is above them all.
-LAYERS = ('started', 'errors', 'fields', 'reserved_ids', 'cpu_options', 'cli',
-          'model', 'experiment',
+LAYERS = ('started', 'errors', 'fields', 'reserved_ids', 'cli', 'model', 'experiment',
           'data', 'runtime', 'decoding', 'interop', 'train', 'workdirs',
           'harness', 'serving', 'compile', 'plan', 'bench')
 

@@ -24,14 +24,12 @@ from jax_transformer.compile import step_model
 # benchmark measured.
 STEP_CODE = ('jax_transformer/model/', 'jax_transformer/train/steps.py',
              'jax_transformer/train/losses.py', 'jax_transformer/train/optim.py',
-             'jax_transformer/runtime/xla_options.py',
-             'jax_transformer/cpu_options.py')
+             'jax_transformer/runtime/xla_options.py')
 # The row lengths of the sequence suite's documented figures (its default
 # --seq_lens, jax_transformer/bench/sequence.py).
 SEQUENCE_LENGTHS = (512, 1024, 2048, 4096)
 DECODE_CODE = ('jax_transformer/model/', 'jax_transformer/decoding/',
-               'jax_transformer/runtime/xla_options.py',
-               'jax_transformer/cpu_options.py')
+               'jax_transformer/runtime/xla_options.py')
 
 
 @dataclasses.dataclass(frozen=True)
