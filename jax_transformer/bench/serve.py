@@ -12,8 +12,10 @@ FOLDER``, each given room for 32 requests of 256 tokens.
 
 For each number of concurrent clients (1, 8, 32), each round sends the
 same fixed mix of prompt and answer lengths (:data:`MIX`) to each server,
-in alternating order; every client streams (server-sent events) one
-request after another until the round's requests are done. Per server:
+in alternating order, the other server stopped (SIGSTOP) meanwhile (an
+idle server that polls would take CPU from the one measured); every
+client streams (server-sent events) one request after another until the
+round's requests are done. Per server:
 output tokens per second of wall time, time to first token (p50, p99) and
 time per output token (median over requests, the first token excluded).
 The row for 1 client also gives the decoding rate as a fraction of the
@@ -26,8 +28,10 @@ Needs the test extra (PyTorch, transformers) and the serve extra.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,7 +94,8 @@ class Server:
                                            suffix='.log', delete=False)
     self.proc = subprocess.Popen(command, stdout=self.log,
                                  stderr=subprocess.STDOUT,
-                                 env={**os.environ, **(env or {})})
+                                 env={**os.environ, **(env or {})},
+                                 start_new_session=True)
     self.started = time.perf_counter()
 
   def wait_healthy(self, timeout: float = 900) -> float:
@@ -111,6 +116,16 @@ class Server:
       if time.monotonic() > deadline:
         raise RuntimeError(f'{self.name} server not healthy in {timeout} s')
       time.sleep(1)
+
+  @contextlib.contextmanager
+  def paused(self):
+    """The server's processes stopped (SIGSTOP) for the block, so that an
+    idle server's own polling takes no CPU from the one measured."""
+    os.killpg(self.proc.pid, signal.SIGSTOP)
+    try:
+      yield
+    finally:
+      os.killpg(self.proc.pid, signal.SIGCONT)
 
   def stop(self) -> None:
     self.proc.terminate()
@@ -217,7 +232,10 @@ def run(rounds: int, clients: tuple[int, ...] = CLIENTS) -> list[dict]:
       measured = {name: [] for name in sides}
       for r in range(rounds):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-          measured[name].append(sides[name]())
+          with contextlib.ExitStack() as others:
+            for other in set(running) - {name}:
+              others.enter_context(running[other].paused())
+            measured[name].append(sides[name]())
       rows.append(_row(n, measured, rounds, started, bandwidth))
     return rows
   finally:
