@@ -164,7 +164,6 @@ def test_rows_at_their_own_cache_index_decode_as_each_alone(model):
                                atol=2e-6)
 
 
-
 def _stepped_rows(model, lengths=(4, 9, 6)):
   """A cache of a row per length at its own index, the tokens that come
   next, and which rows hold a request (the third runs masked)."""
@@ -182,8 +181,8 @@ def _stepped_rows(model, lengths=(4, 9, 6)):
 def test_a_step_read_then_written_equals_one_written_as_it_reads(model):
   """extend(write=False) beside the cache, then write_new: the logits and
   the cache of extend writing first (keys, values, valid), the sums in
-  another order, and the index
-  moved for the rows holding a request only."""
+  another order, and the index moved for the rows holding a request
+  only."""
   cache, nxt, active = _stepped_rows(model)
   expected, written = model.extend(nxt, cache, active)
   logits, new = model.extend(nxt, cache, active, write=False)
