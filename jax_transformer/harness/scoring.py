@@ -9,20 +9,21 @@ is the argmax.
 A request's inputs are a *prefix* (up to the position that predicts the
 first target) and a *suffix* (the continuation but its last token).
 Requests that share a prefix (a multiple-choice question's choices) share
-its computation: each batch prefills its distinct prefixes once into a KV
-cache (``model.extend``), gives every request its prefix's cache rows, and
-extends them with its suffix; the head runs at the continuation's positions
-only. Requests are ordered so that equal prefixes meet in one batch,
-longest first, ``batch_size`` requests at a time.
+its computation: a *unit* lays out the prefix once and then each
+request's suffix, every suffix seeing the prefix and itself (a mask of
+packed segments, causal, with the unit's other suffixes hidden), at its
+own positions. Units are packed into rows, several to a row, at the row width
+that makes the batch cheapest (padding against attention over longer
+rows); the head runs at the continuations' positions only. Requests are ordered so that equal
+prefixes meet in one batch, longest first, ``batch_size`` requests at a
+time.
 
 Every dimension is padded to a rung of a short ladder (widths: four
-rungs per octave from :data:`MIN_WIDTH` up to ``max_len``; suffixes the
-same from 1; row counts: doublings of the mesh's batch shards up to
-``batch_size``), so the number of compiled programs is bounded by the
-ladders, whatever the task; both stages' batches are split over the
-mesh's batch axes (``'data'`` and ``'fsdp'``). A batch that sharing would
-not save :data:`SHARING_PAYS` of its tokens takes one plain forward per
-request instead.
+rungs per octave from :data:`MIN_WIDTH` up to ``max_len``; head positions
+per row multiples of :data:`HEAD_CHUNK` up to twice the width; row counts: doublings of the mesh's batch
+shards up to ``batch_size``), so the number of compiled programs is
+bounded by the ladders, whatever the task; the rows are split over the
+mesh's batch axes (``'data'`` and ``'fsdp'``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from jax_transformer.model import sharding
+from jax_transformer.model import masks, sharding
 
 MIN_WIDTH = 32
 
@@ -121,73 +122,133 @@ def _per_token(model, hidden, targets):
   return logprob.reshape(-1)[:n], greedy.reshape(-1)[:n]
 
 
-def _per_request(model, hidden, targets, valid):
-  """hidden [B, C, D] at the positions predicting targets [B, C], of which
-  valid [B, C] are real -> (summed log-probability [B], every real target
-  the argmax [B])."""
-  b, c = targets.shape
-  logprob, greedy = _per_token(model, hidden.reshape(b * c, -1),
-                               targets.reshape(-1))
-  logprob = jnp.where(valid, logprob.reshape(b, c), 0.0).sum(axis=-1)
-  greedy = jnp.where(valid, greedy.reshape(b, c), True).all(axis=-1)
-  return logprob, greedy
+@functools.partial(jax.jit, static_argnames=('graphdef', 'requests'))
+def _score(graphdef, state, ids, positions, units, branches, where, targets,
+           owner, *, requests: int):
+  """One packed batch (see :func:`pack`).
 
-
-@functools.partial(jax.jit, static_argnames=('graphdef',))
-def _score(graphdef, state, prefix, prefix_mask, owner, suffix, suffix_mask,
-           targets, valid):
-  """prefix, prefix_mask [P, Wp]: the batch's distinct prefixes; owner [B]:
-  each request's prefix; suffix, suffix_mask [B, Ws] (Ws may be 0);
-  targets, valid [B, Ws + 1], left-aligned: target 0 is predicted at the
-  prefix's last position, target j at suffix position j - 1.
-  -> (summed log-probability [B] float32, every target the argmax [B])."""
+  ids, positions, units, branches [R, W]: packed rows (unit 0 is padding);
+  where, targets, owner [R, K]: the column whose hidden state predicts each
+  target, the target, and its request (``requests`` for padding).
+  -> (summed log-probability [requests] float32, every target the argmax
+  [requests]).
+  """
   model = nnx.merge(graphdef, state)
-  p, wp = prefix.shape
-  ws = suffix.shape[1]
-  cache = model.init_cache(p, wp + ws)
-  last = prefix_mask.sum(axis=1) - 1
-  first, cache = model.extend(prefix, cache, prefix_mask, logits_at=last,
-                              return_hidden=True)
-  hidden = first[owner]                                      # [B, 1, D]
-  if ws:
-    cache = cache._replace(
-        keys=tuple(k[owner] for k in cache.keys),
-        values=tuple(v[owner] for v in cache.values),
-        valid=cache.valid[owner])
-    rest, _ = model.extend(suffix, cache, suffix_mask, return_hidden=True)
-    hidden = jnp.concatenate([hidden, rest], axis=1)         # [B, C, D]
-  return _per_request(model, hidden, targets, valid)
-
-
-@functools.partial(jax.jit, static_argnames=('graphdef',))
-def _score_whole(graphdef, state, ids, mask, where, targets, valid):
-  """ids, mask [B, W]: each request's inputs; where, targets, valid
-  [B, C]: the positions predicting its targets, the targets, which are
-  real. -> as ``_score``."""
-  model = nnx.merge(graphdef, state)
-  hidden = model(ids, mask, return_hidden=True)              # [B, W, D]
+  # A token sees its own unit, causally, except other continuations of
+  # the unit's prefix.
+  keys = branches[:, None, :]
+  mask = masks.Mask(causal=True, query_segments=units, key_segments=units,
+                    dense_part=((keys == 0) | (keys == branches[..., None])
+                                )[:, None])
+  hidden = model(ids, mask, positions=positions, return_hidden=True)
   picked = jnp.take_along_axis(hidden, where[..., None], axis=1)
-  return _per_request(model, picked, targets, valid)
+  r, k = where.shape
+  logprob, greedy = _per_token(model, picked.reshape(r * k, -1),
+                               targets.reshape(-1))
+  owner = owner.reshape(-1)
+  total = jax.ops.segment_sum(logprob, owner, requests + 1)
+  missed = jax.ops.segment_sum((~greedy).astype(jnp.int32), owner,
+                               requests + 1)
+  return total[:requests], missed[:requests] == 0
 
 
-# A batch shares its prefixes' computation when that saves at least this
-# share of its tokens; otherwise one plain forward per request is cheaper
-# (no cache to gather, attention of structure the kernel knows).
-SHARING_PAYS = 0.25
+@dataclasses.dataclass
+class Unit:
+  """A prefix and the requests that continue it (indices into a batch),
+  laid out in a row as the prefix and then each request's suffix."""
+  prefix: tuple[int, ...]
+  members: list[int]
+  length: int
+
+
+def units_of(rows: Sequence[Request], width: int) -> list[Unit]:
+  """Requests with one prefix (adjacent in ``rows``) share a unit while
+  it fits ``width`` tokens; a request alone always fits."""
+  units: list[Unit] = []
+  for i, r in enumerate(rows):
+    prefix = r.inputs[:r.split]
+    more = len(r.inputs) - len(prefix)
+    last = units[-1] if units else None
+    if last and last.prefix == prefix and last.length + more <= width:
+      last.members.append(i)
+      last.length += more
+    else:
+      units.append(Unit(prefix, [i], len(prefix) + more))
+  return units
+
+
+def fill(units: Sequence[Unit], width: int) -> list[list[Unit]]:
+  """Units into as few rows of ``width`` as first fit, longest first,
+  finds."""
+  rows: list[list[Unit]] = []
+  free: list[int] = []
+  for unit in sorted(units, key=lambda u: -u.length):
+    k = next((k for k, f in enumerate(free) if unit.length <= f), None)
+    if k is None:
+      rows.append([])
+      free.append(width)
+      k = len(rows) - 1
+    rows[k].append(unit)
+    free[k] -= unit.length
+  return rows
+
+
+def _lay_out(rows: Sequence[Request], packed: list[list[Unit]], width: int,
+             count: int, requests: int) -> tuple[np.ndarray, ...]:
+  """Host arrays of :func:`_score` for ``packed`` (padded to ``count``
+  rows, ``requests`` the padding owner)."""
+  shape = (count, width)
+  ids, positions = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+  units, branches = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+  heads = [[] for _ in range(count)]  # (column, target, request) per row
+  for row, members in enumerate(packed):
+    col = 0
+    for u, unit in enumerate(members, start=1):
+      p = len(unit.prefix)
+      ids[row, col:col + p] = unit.prefix
+      positions[row, col:col + p] = np.arange(p)
+      units[row, col:col + p] = u
+      last = col + p - 1  # predicts every member's first target
+      col += p
+      for i in unit.members:
+        r = rows[i]
+        suffix = r.inputs[p:]
+        n = len(suffix)
+        ids[row, col:col + n] = suffix
+        positions[row, col:col + n] = p + np.arange(n)
+        units[row, col:col + n] = u
+        branches[row, col:col + n] = i + 1
+        where = [last, *range(col, col + n)][:len(r.targets)]
+        heads[row].extend((w, t, i) for w, t in zip(where, r.targets))
+        col += n
+  # The head runs HEAD_CHUNK positions at a time: finer counts would add
+  # programs, not save work. (A unit's members all read its prefix's last
+  # column: a row may hold more targets than tokens, never twice as many.)
+  k = HEAD_CHUNK * -(-max(1, *map(len, heads)) // HEAD_CHUNK)
+  where = np.zeros((count, k), np.int32)
+  targets = np.zeros((count, k), np.int32)
+  owner = np.full((count, k), requests, np.int32)
+  for row, entries in enumerate(heads):
+    if entries:
+      where[row, :len(entries)], targets[row, :len(entries)], \
+          owner[row, :len(entries)] = zip(*entries)
+  return ids, positions, units, branches, where, targets, owner
 
 
 class Scorer:
   """Scores :class:`Request` lists with one model.
 
   model: a DecoderLM (its parameters where they are: on ``mesh``, or one
-    device); batch_size: rows per batch, rounded up to a multiple of the
-    mesh's batch shards. Inputs are at most the model's ``max_len``.
-  ``shapes`` holds the shape of every program compiled so far.
+    device); batch_size: requests per batch, rounded up to a multiple of
+    the mesh's batch shards. Inputs are at most the model's ``max_len``.
+  ``shapes`` holds the shape of every program compiled so far: (rows,
+  width, head positions per row).
   """
 
   def __init__(self, model, batch_size: int, mesh: Mesh | None = None):
     self.graphdef, self.state = nnx.split(model)
     self.max_len = model.config.max_len
+    self.d_model = model.config.d_model
     self.mesh = mesh
     shards = 1 if mesh is None else (
         mesh.shape['data'] * mesh.shape['fsdp'])
@@ -196,12 +257,11 @@ class Scorer:
     self.shapes: set[tuple] = set()
 
   def bound(self) -> int:
-    """The most programs a run may compile: shared, prefix rows x prefix
-    widths x request rows x suffix widths; whole, request rows x widths x
-    continuation counts."""
+    """The most programs a run may compile: row counts x widths x head
+    positions per row."""
     rows = len(ladder(self.batch_size, self.shards, fine=False))
-    widths, counts = len(ladder(self.max_len)), len(ladder(self.max_len, 1))
-    return rows * rows * widths * counts + rows * widths * counts
+    widths = ladder(self.max_len)
+    return rows * sum(-(-2 * w // HEAD_CHUNK) for w in widths)
 
   def score(self, requests: Sequence[Request], progress=None
             ) -> list[tuple[float, bool]]:
@@ -222,72 +282,35 @@ class Scorer:
       progress(len(requests) - len(unique))  # the repeats, answered too
     return [answers[r] for r in requests]
 
-  def _run(self, fn, batch):
+  def _run(self, fn, batch, **static):
     if self.mesh is None:
-      out = fn(self.graphdef, self.state, *batch)
+      out = fn(self.graphdef, self.state, *batch, **static)
     else:
       placed = jax.device_put(batch, sharding.batch_sharding(self.mesh))
       with jax.set_mesh(self.mesh):
-        out = fn(self.graphdef, self.state, *placed)
+        out = fn(self.graphdef, self.state, *placed, **static)
     return on_host(out)
 
   def _batch(self, rows: Sequence[Request]) -> list[tuple[float, bool]]:
-    prefixes = list(dict.fromkeys(r.inputs[:r.split] for r in rows))
-    whole = sum(len(r.inputs) for r in rows)
-    shared = sum(map(len, prefixes)) + whole - sum(r.split for r in rows)
-    if shared > (1 - SHARING_PAYS) * whole:
-      return self._batch_whole(rows)
-    return self._batch_shared(rows, prefixes)
-
-  def _batch_whole(self, rows: Sequence[Request]
-                   ) -> list[tuple[float, bool]]:
-    b = rows_for(len(rows), self.batch_size, self.shards)
-    width = bucket(max(len(r.inputs) for r in rows), self.max_len)
-    count = bucket(max(len(r.targets) for r in rows), width, 1)
-    filled = [*rows, *rows[-1:] * (b - len(rows))]
-    ids = np.zeros((b, width), np.int32)
-    mask = np.zeros((b, width), bool)
-    where = np.zeros((b, count), np.int32)
-    targets = np.zeros((b, count), np.int32)
-    valid = np.zeros((b, count), bool)
-    for i, r in enumerate(filled):
-      n, m = len(r.inputs), len(r.targets)
-      ids[i, :n] = r.inputs
-      mask[i, :n] = True
-      where[i, :m] = n - m + np.arange(m)
-      targets[i, :m] = r.targets
-      valid[i, :m] = True
-    self.shapes.add(('whole', b, width, count))
-    logprob, greedy = self._run(
-        _score_whole, (ids, mask, where, targets, valid))
+    """One batch: its requests packed into rows (:func:`units_of`,
+    :func:`fill`) at the width that costs least (:meth:`_cost`)."""
+    longest = max(len(r.inputs) for r in rows)
+    total = sum(len(r.inputs) for r in rows)
+    choices = [(count, width, packed)
+               for width in ladder(self.max_len)
+               if longest <= width <= max(bucket(min(total, self.max_len),
+                                                 self.max_len), longest)
+               for packed in [fill(units_of(rows, width), width)]
+               for count in [rows_for(len(packed), self.batch_size,
+                                      self.shards)]]
+    count, width, packed = min(choices, key=lambda c: self._cost(*c[:2]))
+    batch = _lay_out(rows, packed, width, count, self.batch_size)
+    self.shapes.add((count, width, batch[-1].shape[1]))
+    logprob, greedy = self._run(_score, batch, requests=self.batch_size)
     return [(float(logprob[i]), bool(greedy[i])) for i in range(len(rows))]
 
-  def _batch_shared(self, rows: Sequence[Request], prefixes
-                    ) -> list[tuple[float, bool]]:
-    index = {p: i for i, p in enumerate(prefixes)}
-    p = rows_for(len(prefixes), self.batch_size, self.shards)
-    b = rows_for(len(rows), self.batch_size, self.shards)
-    wp = bucket(max(map(len, prefixes)), self.max_len)
-    longest = max(len(r.targets) for r in rows) - 1
-    ws = 0 if longest == 0 else bucket(longest, self.max_len, 1)
-    prefix = np.zeros((p, wp), np.int32)
-    prefix_mask = np.zeros((p, wp), bool)
-    for i, ids in enumerate([*prefixes, *prefixes[-1:] * (p - len(prefixes))]):
-      prefix[i, :len(ids)] = ids
-      prefix_mask[i, :len(ids)] = True
-    filled = [*rows, *rows[-1:] * (b - len(rows))]
-    owner = np.array([index[r.inputs[:r.split]] for r in filled], np.int32)
-    suffix = np.zeros((b, ws), np.int32)
-    suffix_mask = np.zeros((b, ws), bool)
-    targets = np.zeros((b, ws + 1), np.int32)
-    valid = np.zeros((b, ws + 1), bool)
-    for i, r in enumerate(filled):
-      rest = r.inputs[r.split:]
-      suffix[i, :len(rest)] = rest
-      suffix_mask[i, :len(rest)] = True
-      targets[i, :len(r.targets)] = r.targets
-      valid[i, :len(r.targets)] = True
-    self.shapes.add(('shared', p, wp, b, ws))
-    logprob, greedy = self._run(_score, (
-        prefix, prefix_mask, owner, suffix, suffix_mask, targets, valid))
-    return [(float(logprob[i]), bool(greedy[i])) for i in range(len(rows))]
+  def _cost(self, count: int, width: int) -> float:
+    """A forward's cost over count rows of width, in token matmuls: each
+    token's projections (24 d^2 multiply-adds a layer) and its attention
+    over the row (4 d per key)."""
+    return count * width * (1 + width / (6 * self.d_model))

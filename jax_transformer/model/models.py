@@ -358,7 +358,7 @@ class DecoderLM(_Transformer):
   def _decoder_norm(self):
     return self.norm
 
-  def __call__(self, ids: Array, mask: Array | None = None,
+  def __call__(self, ids: Array, mask: Array | masks.Mask | None = None,
                deterministic: bool = True, *,
                segment_ids: Array | None = None,
                positions: Array | None = None,
@@ -368,15 +368,21 @@ class DecoderLM(_Transformer):
     """ids [B, T] -> next-token logits [B, T, V] (float32), causally masked;
     or the hidden states [B, T, D] under the head when return_hidden.
 
+    mask: [B, T] bool (True = real token), [B] int lengths of right-padded
+    rows, or a :class:`masks.Mask` used as given in place of the causal
+    mask (for what packed segments cannot say, e.g. several continuations
+    of one prefix in one row); positions are needed with a Mask.
     balanced: ids, segment_ids and positions (needed) are the rows in the
     balanced order of the mesh's 'sequence' shards (:mod:`balance`), and
     the outputs come in that order.
     """
-    if balanced and positions is None:
-      raise ValueError('Rows in balanced order need their positions [B, T].')
+    given = isinstance(mask, masks.Mask)
+    if (balanced or given) and positions is None:
+      raise ValueError('Rows in balanced order, or under a given Mask, need '
+                       'their positions [B, T].')
     if positions is None:
       positions = default_positions(ids, mask, segment_ids)
-    self_mask = key_mask(mask, segment_ids, causal=True)
+    self_mask = mask if given else key_mask(mask, segment_ids, causal=True)
     shards = sharding.splits('length', ids.shape[1])
     if balanced and shards > 1:
       self_mask = self_mask.balanced_rows(shards)
