@@ -219,7 +219,7 @@ def run_harness(args: argparse.Namespace) -> dict:
   shapes = sorted(lm.scorer.shapes)
   print(f'{PROG}: scored in {seconds:.1f} s; {len(shapes)} scoring '
         f'programs compiled (at most {lm.scorer.bound()} for this model: '
-        f'prefix rows, prefix width, request rows, suffix width: '
+        f'rows, width, head positions per row: '
         f'{shapes})', file=sys.stderr)
   out = None
   if args.output_path is not None:
