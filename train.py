@@ -29,18 +29,12 @@ from jax_transformer import cli
 from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment, doors
-from jax_transformer.runtime import exits
+from jax_transformer.runtime import compile_cache, exits
 
 PROG = 'train.py'
 DEFAULT_CONFIG = 'lm_shakespeare'  # configs/lm_shakespeare.py
 FLAGS = flags.FLAGS
 CONFIG_SPEC = [DEFAULT_CONFIG]  # --config as given, set by parse_flags
-# JAX caches only programs that took a second to compile; below that, a
-# restart compiled the evaluation step and the state's initialisation again
-# (a tiny LM's restart: 10.4-11.3 s -> 8.0-9.0 s of CPU). Where the variable
-# is set, it is the user's choice.
-MIN_CACHED_COMPILE_S = 0.1
-MIN_COMPILE_TIME_VARIABLE = 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'
 
 
 def define_flags(values: flags.FlagValues) -> None:
@@ -70,11 +64,8 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_float('data_timeout', 6 * 3600, 'How long the other processes '
                      'wait while process 0 prepares the dataset.',
                      flag_values=values)
-  flags.DEFINE_string('compilation_cache_dir',
-                      os.path.join('~', '.cache', 'jax_transformer', 'xla'),
-                      'Persistent XLA compilation cache: a second start with '
-                      'the same shapes skips compiling ("" turns it off).',
-                      flag_values=values)
+  flags.DEFINE_string('compilation_cache_dir', compile_cache.DEFAULT_DIR,
+                      compile_cache.HELP, flag_values=values)
   target_flags.define_target(
       values, prefix='aot_', help_='Only compile the run for this '
       'accelerator target (e.g. v5p-128, h100-8) with its own compiler, '
@@ -191,12 +182,7 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
 
   from jax_transformer.runtime import distributed  # pylint: disable=g-import-not-at-top
   from jax_transformer.train import preemption, trainer
-  if values.compilation_cache_dir:
-    jax.config.update('jax_compilation_cache_dir',
-                      os.path.expanduser(values.compilation_cache_dir))
-    if MIN_COMPILE_TIME_VARIABLE not in os.environ:
-      jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                        MIN_CACHED_COMPILE_S)
+  compile_cache.use(values.compilation_cache_dir)
   distributed.initialize(values.coordinator_address, values.num_processes,
                          values.process_id, distributed.Timeouts(
                              init=values.init_timeout,

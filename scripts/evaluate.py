@@ -50,7 +50,7 @@ from typing import Sequence
 from jax_transformer import cli
 from jax_transformer.errors import UsageError
 from jax_transformer.model import families
-from jax_transformer.runtime import storage
+from jax_transformer.runtime import compile_cache, storage
 from jax_transformer.runtime.workdir import resolve
 
 PROG = 'evaluate.py'
@@ -79,6 +79,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--batch_size', type=int, default=None,
                  help="sentences decoded (or LM rows scored) per batch; "
                       "default the config's eval_batch_size")
+  p.add_argument('--compilation_cache_dir',
+                 default=compile_cache.DEFAULT_DIR, help=compile_cache.HELP)
   harness = p.add_argument_group(
       'lm-evaluation-harness', 'score lm-eval tasks instead (--tasks)')
   harness.add_argument('--tasks', default=None,
@@ -290,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   check_args(args)
   storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
+  compile_cache.use(args.compilation_cache_dir)
   if args.tasks is not None:
     run_harness(args)
     return 0
