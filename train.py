@@ -178,8 +178,6 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   from jax_transformer.runtime import storage  # pylint: disable=g-import-not-at-top
   storage.check_reachable(values.workdir)
   # Imported after flag parsing so --help stays fast.
-  import jax  # pylint: disable=g-import-not-at-top
-
   from jax_transformer.runtime import distributed  # pylint: disable=g-import-not-at-top
   from jax_transformer.train import preemption, trainer
   compile_cache.use(values.compilation_cache_dir)
