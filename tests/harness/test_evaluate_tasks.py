@@ -74,10 +74,14 @@ def test_evaluate_prints_lm_evals_table_for_a_workdir(trained, tmp_path):
   tasks_dir = tmp_path / 'tasks'
   tasks_dir.mkdir()
   (tasks_dir / 'own.yaml').write_text(OWN_TASK.format(data=data))
+  cache = tmp_path / 'xla'
   result = run_script('evaluate', '--workdir', str(workdir), '--tasks',
                       f'{TASKS},own_lines', '--include_path', str(tasks_dir),
-                      '--limit', '4', '--log_samples', '--batch_size', '8')
+                      '--limit', '4', '--log_samples', '--batch_size', '8',
+                      f'--compilation_cache_dir={cache}')
   assert result.returncode == 0, result.stderr[-3000:]
+  # Its programs are kept for the next evaluation of these shapes.
+  assert any(cache.iterdir())
   assert '|shakespeare_next_line|' in result.stdout
   assert '|own_lines' in result.stdout
   assert 'scoring programs compiled (at most' in result.stderr
