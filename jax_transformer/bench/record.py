@@ -73,12 +73,15 @@ def _accelerator() -> str | None:
 
 def commit() -> dict[str, Any]:
   """The commit measured and whether the tree differed from it (a record
-  of a changed tree measures no commit exactly)."""
+  of a changed tree measures no commit exactly). The records themselves
+  are not the tree measured: suites run one after another append to them
+  before anyone commits."""
   def git(*args):
     return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
                           text=True, check=False).stdout.strip()
   sha = git('rev-parse', 'HEAD')
-  changed = bool(git('status', '--porcelain', '--untracked-files=no'))
+  changed = bool(git('status', '--porcelain', '--untracked-files=no', '--',
+                      '.', f':!{MEASURED.parent.relative_to(ROOT)}'))
   return {'commit': sha or None, 'changed_tree': changed}
 
 
