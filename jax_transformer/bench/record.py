@@ -71,13 +71,13 @@ def _accelerator() -> str | None:
   return f'{jax.device_count()} x {device.device_kind}'
 
 
-def commit() -> dict[str, Any]:
-  """The commit measured and whether the tree differed from it (a record
-  of a changed tree measures no commit exactly). The records themselves
-  are not the tree measured: suites run one after another append to them
-  before anyone commits."""
+def commit(root: pathlib.Path = ROOT) -> dict[str, Any]:
+  """The commit of the repository at ``root`` and whether its tree
+  differed from it (a record of a changed tree measures no commit
+  exactly). The records themselves are not the tree measured: suites run
+  one after another append to them before anyone commits."""
   def git(*args):
-    return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
+    return subprocess.run(['git', *args], cwd=root, capture_output=True,
                           text=True, check=False).stdout.strip()
   sha = git('rev-parse', 'HEAD')
   changed = bool(git('status', '--porcelain', '--untracked-files=no', '--',

@@ -98,3 +98,24 @@ def test_a_prediction_of_an_older_step_model_is_stale():
   # as changed.
   row['cost_version'] = step_model.COST_VERSION
   assert 'stale' in documented.prediction_cell(rec, row)
+
+
+def test_a_tree_changed_only_in_its_records_is_unchanged(tmp_path):
+  """Suites run one after another append to the record before a commit:
+  that is no change to what they measure; any other file's is."""
+  def git(*args):
+    subprocess.run(['git', '-c', 'user.email=t@t', '-c', 'user.name=t',
+                    *args], cwd=tmp_path, check=True, capture_output=True)
+  records = tmp_path / 'docs' / 'records'
+  records.mkdir(parents=True)
+  (records / 'measured.jsonl').write_text('{}\n')
+  (tmp_path / 'model.py').write_text('x = 1\n')
+  git('init', '-q')
+  git('add', '-A')
+  git('commit', '-qm', 'first')
+  assert record.commit(tmp_path)['changed_tree'] is False
+  with (records / 'measured.jsonl').open('a') as f:
+    f.write('{}\n')
+  assert record.commit(tmp_path)['changed_tree'] is False
+  (tmp_path / 'model.py').write_text('x = 2\n')
+  assert record.commit(tmp_path)['changed_tree'] is True
