@@ -12,18 +12,19 @@ Requests that share a prefix (a multiple-choice question's choices) share
 its computation: a *unit* lays out the prefix once and then each
 request's suffix, every suffix seeing the prefix and itself (a mask of
 packed segments, causal, with the unit's other suffixes hidden), at its
-own positions. Units are packed into rows, several to a row, at the row width
-that makes the batch cheapest (padding against attention over longer
-rows); the head runs at the continuations' positions only. Requests are ordered so that equal
-prefixes meet in one batch, longest first, ``batch_size`` requests at a
-time.
+own positions. Units are packed into rows, several to a row, at the row
+width that makes the batch cheapest (padding against attention over
+longer rows); the head runs at the continuations' positions only.
+Requests are ordered so that equal prefixes meet in one batch, longest
+first, ``batch_size`` requests at a time.
 
 Every dimension is padded to a rung of a short ladder (widths: four
 rungs per octave from :data:`MIN_WIDTH` up to ``max_len``; head positions
-per row multiples of :data:`HEAD_CHUNK` up to twice the width; row counts: doublings of the mesh's batch
-shards up to ``batch_size``), so the number of compiled programs is
-bounded by the ladders, whatever the task; the rows are split over the
-mesh's batch axes (``'data'`` and ``'fsdp'``).
+per row multiples of :data:`HEAD_CHUNK` up to twice the width; row
+counts: doublings of the mesh's batch shards up to ``batch_size``), so the
+number of compiled programs is bounded by the ladders, whatever the task;
+the rows are split over the mesh's batch axes (``'data'`` and
+``'fsdp'``).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _per_token(model, hidden, targets):
 @functools.partial(jax.jit, static_argnames=('graphdef', 'requests'))
 def _score(graphdef, state, ids, positions, units, branches, where, targets,
            owner, *, requests: int):
-  """One packed batch (see :func:`pack`).
+  """One packed batch (laid out by :func:`_lay_out`).
 
   ids, positions, units, branches [R, W]: packed rows (unit 0 is padding);
   where, targets, owner [R, K]: the column whose hidden state predicts each
