@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 DEFAULT_DIR = os.path.join('~', '.cache', 'jax_transformer', 'xla')
 # JAX caches only programs that took a second to compile; below that, a
 # restart compiled the evaluation step and the state's initialisation again
@@ -22,7 +24,6 @@ def use(directory: str) -> None:
   JAX's setting."""
   if not directory:
     return
-  import jax  # noqa: PLC0415 (callers parse their flags first)
   jax.config.update('jax_compilation_cache_dir',
                     os.path.expanduser(directory))
   if MIN_COMPILE_TIME_VARIABLE not in os.environ:
