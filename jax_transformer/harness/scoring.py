@@ -296,14 +296,16 @@ class Scorer:
     """One batch: its requests packed into rows (:func:`units_of`,
     :func:`fill`) at the width that costs least (:meth:`_cost`)."""
     longest = max(len(r.inputs) for r in rows)
-    total = sum(len(r.inputs) for r in rows)
-    choices = [(count, width, packed)
-               for width in ladder(self.max_len)
-               if longest <= width <= max(bucket(min(total, self.max_len),
-                                                 self.max_len), longest)
-               for packed in [fill(units_of(rows, width), width)]
-               for count in [rows_for(len(packed), self.batch_size,
-                                      self.shards)]]
+    # From the rung that holds the longest request to the one that holds
+    # them all in one row.
+    widest = bucket(min(sum(len(r.inputs) for r in rows), self.max_len),
+                    self.max_len)
+    choices = []
+    for width in ladder(self.max_len):
+      if longest <= width <= widest:
+        packed = fill(units_of(rows, width), width)
+        count = rows_for(len(packed), self.batch_size, self.shards)
+        choices.append((count, width, packed))
     count, width, packed = min(choices, key=lambda c: self._cost(*c[:2]))
     batch = _lay_out(rows, packed, width, count, self.batch_size)
     self.shapes.add((count, width, batch[-1].shape[1]))
