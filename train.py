@@ -29,7 +29,7 @@ from jax_transformer import cli
 from jax_transformer.compile import flags as target_flags
 from jax_transformer.errors import UsageError
 from jax_transformer.experiment import Experiment, doors
-from jax_transformer.runtime import exits
+from jax_transformer.runtime import compile_cache, exits
 
 PROG = 'train.py'
 DEFAULT_CONFIG = 'lm_shakespeare'  # configs/lm_shakespeare.py
@@ -64,13 +64,8 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_float('data_timeout', 6 * 3600, 'How long the other processes '
                      'wait while process 0 prepares the dataset.',
                      flag_values=values)
-  # runtime/compile_cache.py's DEFAULT_DIR and HELP, here without JAX so
-  # that --help stays fast.
-  flags.DEFINE_string('compilation_cache_dir',
-                      os.path.join('~', '.cache', 'jax_transformer', 'xla'),
-                      'Persistent XLA compilation cache: a second start with '
-                      'the same shapes skips compiling ("" turns it off).',
-                      flag_values=values)
+  flags.DEFINE_string('compilation_cache_dir', compile_cache.DEFAULT_DIR,
+                      compile_cache.HELP, flag_values=values)
   target_flags.define_target(
       values, prefix='aot_', help_='Only compile the run for this '
       'accelerator target (e.g. v5p-128, h100-8) with its own compiler, '
@@ -183,9 +178,11 @@ def main(argv: Sequence[str], values: flags.FlagValues = FLAGS) -> int:
   from jax_transformer.runtime import storage  # pylint: disable=g-import-not-at-top
   storage.check_reachable(values.workdir)
   # Imported after flag parsing so --help stays fast.
-  from jax_transformer.runtime import compile_cache, distributed  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer.runtime import distributed  # pylint: disable=g-import-not-at-top
   from jax_transformer.train import preemption, trainer
-  compile_cache.use(values.compilation_cache_dir)
+  compile_cache.use(jax.config, values.compilation_cache_dir)
   distributed.initialize(values.coordinator_address, values.num_processes,
                          values.process_id, distributed.Timeouts(
                              init=values.init_timeout,

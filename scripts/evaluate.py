@@ -292,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   check_args(args)
   storage.check_reachable(args.workdir)  # a gs:// bucket answers, at once
-  compile_cache.use(args.compilation_cache_dir)
+  import jax  # pylint: disable=g-import-not-at-top
+  compile_cache.use(jax.config, args.compilation_cache_dir)
   if args.tasks is not None:
     run_harness(args)
     return 0

@@ -1,12 +1,12 @@
 """The persistent XLA compilation cache: a second start with the same
 shapes loads its programs instead of compiling them (``train.py`` and
-``scripts/evaluate.py``'s ``--compilation_cache_dir``)."""
+``scripts/evaluate.py``'s ``--compilation_cache_dir``). Nothing here
+imports JAX: ``train.py`` defines its flags before it does."""
 
 from __future__ import annotations
 
 import os
-
-import jax
+from typing import Any
 
 DEFAULT_DIR = os.path.join('~', '.cache', 'jax_transformer', 'xla')
 # JAX caches only programs that took a second to compile; below that, a
@@ -19,13 +19,13 @@ HELP = ('Persistent XLA compilation cache: a second start with the same '
         'shapes skips compiling ("" turns it off).')
 
 
-def use(directory: str) -> None:
-  """Caches compiled programs in ``directory`` (``~`` expanded); "" keeps
-  JAX's setting."""
+def use(config: Any, directory: str) -> None:
+  """Caches compiled programs in ``directory`` (``~`` expanded) through
+  ``config`` (``jax.config``, passed in: importing JAX is the caller's
+  choice); "" keeps JAX's setting."""
   if not directory:
     return
-  jax.config.update('jax_compilation_cache_dir',
-                    os.path.expanduser(directory))
+  config.update('jax_compilation_cache_dir', os.path.expanduser(directory))
   if MIN_COMPILE_TIME_VARIABLE not in os.environ:
-    jax.config.update('jax_persistent_cache_min_compile_time_secs',
-                      MIN_CACHED_COMPILE_S)
+    config.update('jax_persistent_cache_min_compile_time_secs',
+                  MIN_CACHED_COMPILE_S)
