@@ -26,7 +26,8 @@ Suites (see ``jax_transformer/bench/``):
   machine's float32 matmul rate each side reaches, the load average;
 * ``nanogpt``: the default job against nanoGPT (a clone, run as a
   subprocess) on the same bytes, size, batch, schedule and steps: wall
-  time, and validation loss at equal steps and at equal wall time;
+  time, and validation loss at equal steps and at equal wall time, a row
+  per round (default 5; the rounds alternate which side runs first);
 * ``gpu``: bf16 throughput, MFU and peak memory of a 124M and a 350M
   decoder LM and the base encoder-decoder, each item time-boxed;
 * ``pipeline``: the input pipeline's sustained supply (token stores of
@@ -123,7 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--suite', default='cpu', choices=SUITES)
   p.add_argument('--rounds', type=int, default=None,
                  help='interleaved rounds per comparison (default 7; '
-                 'local_tier, serve and harness: 5)')
+                 'local_tier, serve, harness, sequence, nanogpt and plan: '
+                 '5)')
   p.add_argument('--models', default='transformer_base,default_lm',
                  help='cpu: comma-separated, of transformer_base,default_lm')
   p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
@@ -188,9 +190,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             f'{", ".join(SHAPES)}.')
   local = args.suite == 'local_tier'
   if args.rounds is None:
-    args.rounds = (5 if local or args.suite in ('serve', 'harness',
-                                                'sequence')
-                   else 7)
+    args.rounds = (5 if local or args.suite in (
+        'serve', 'harness', 'sequence', 'nanogpt', 'plan') else 7)
   if args.steps is None:
     args.steps = 200 if local else 600
   if min(args.rounds, args.steps, args.local_every, args.limit,
@@ -212,7 +213,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     return step.run(args.rounds, tuple(args.models.split(',')))
   if args.suite == 'nanogpt':
     from jax_transformer.bench import nanogpt  # pylint: disable=g-import-not-at-top
-    return nanogpt.run(args.nanogpt_dir, args.steps)
+    return nanogpt.run(args.nanogpt_dir, args.steps, args.rounds)
   if args.suite == 'gpu':
     import jax  # pylint: disable=g-import-not-at-top
     if jax.default_backend() == 'cpu':

@@ -5,8 +5,10 @@
 
 Every figure of ``jax_transformer/bench/documented.py`` is read from the
 newest record of its suite in ``docs/records/measured.jsonl`` (which
-``scripts/benchmark.py`` and ``scripts/benchmark_decode.py`` append to),
-with the commit and machine it was measured on; one that no record holds
+``scripts/benchmark.py``, ``scripts/benchmark_decode.py`` and
+``scripts/soak.py --hard_kills`` append to), with the commit and machine
+it was measured on: README's table the newest of all, performance.md's
+the newest on each machine the record names; one that no record holds
 is left out, one whose measured files changed after its record's commit
 is marked stale. The tables sit between the ``<!-- measured:begin -->``
 and ``<!-- measured:end -->`` lines of README.md and docs/performance.md.
@@ -41,6 +43,14 @@ def found(records):
       yield figure, *hit
 
 
+def found_per_machine(records):
+  """(figure, record, value) of every documented figure on each machine
+  the record names: its newest record there."""
+  for figure in documented.FIGURES:
+    for rec, got in documented.newest_per_machine(records, figure):
+      yield figure, rec, got
+
+
 def readme_table(records) -> str:
   lines = ['| what | measured | commit, machine | command |',
            '|---|---|---|---|']
@@ -56,7 +66,7 @@ def readme_table(records) -> str:
 def performance_table(records) -> str:
   lines = ['| what | measured | rounds, load | commit | machine | date | '
            'command | details |', '|---|---|---|---|---|---|---|---|']
-  for figure, rec, got in found(records):
+  for figure, rec, got in found_per_machine(records):
     load = '-'.join(f'{x:.1f}' for x in (rec['load_before'],
                                           rec['load_after'])
                     if x is not None)

@@ -85,6 +85,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument('--local_every', type=int, default=2,
                  help='--hard_kills: the local tier\'s interval (a divisor '
                  'of --checkpoint_every)')
+  p.add_argument('--record', default=None,
+                 help='--hard_kills: the benchmark record its rows are '
+                 'appended to (default docs/records/measured.jsonl)')
+  p.add_argument('--no_record', action='store_true',
+                 help='--hard_kills: append no record (a trial run)')
   p.add_argument('--timeout', type=float, default=900.0,
                  help='seconds one start may take before it counts as hung')
   p.add_argument('overrides', nargs='*',
@@ -359,11 +364,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def main_hard_kills(args) -> int:
-  """--hard_kills: a JSON row per configuration, then the verdict."""
+  """--hard_kills: a JSON row per configuration, then the verdict; the
+  rows are appended to the benchmark record (suite 'soak')."""
   import json  # pylint: disable=g-import-not-at-top
 
   # The two-process soak, which imports nothing of this file.
   import soak_hosts  # pylint: disable=g-import-not-at-top
+
+  from jax_transformer.bench import record, timing  # pylint: disable=g-import-not-at-top
+  load_before = timing.load_average()
   try:
     rows = soak_hosts.hard_kills(args)
   except SoakFailure as err:
@@ -371,6 +380,12 @@ def main_hard_kills(args) -> int:
     return 1
   for row in rows:
     print(json.dumps(row), flush=True)
+  if not args.no_record:
+    path = args.record or str(record.MEASURED)
+    record.append(record.make('soak', [dict(r, suite='soak') for r in rows],
+                              sys.argv[1:], None, load_before,
+                              timing.load_average()), path)
+    print(f'Recorded in {path}.', file=sys.stderr)
   print('OK: every killed configuration ended equal to the uninterrupted '
         'run, bit for bit.')
   return 0

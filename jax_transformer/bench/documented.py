@@ -30,6 +30,20 @@ STEP_CODE = ('jax_transformer/model/', 'jax_transformer/train/steps.py',
 SEQUENCE_LENGTHS = (512, 1024, 2048, 4096)
 DECODE_CODE = ('jax_transformer/model/', 'jax_transformer/decoding/',
                'jax_transformer/runtime/xla_options.py')
+# The plan suite's sizes on CPU host devices (measure.HOST_SIZES), and its
+# row over all of them.
+PLAN_SIZES = ('tiny', 'small', 'gpt2_small_4l', 'all')
+PLAN_CODE = ('jax_transformer/compile/step_model.py',
+             'jax_transformer/compile/hlo_stats.py', 'jax_transformer/plan/',
+             'jax_transformer/bench/plan.py')
+# What a hard-killed run's goodput depends on: the trainer, its
+# checkpoints and the soak that kills it.
+SOAK_CODE = ('jax_transformer/train/', 'scripts/soak.py',
+             'scripts/soak_hosts.py')
+SOAK_COMMAND = ('JAX_PLATFORMS=cpu python scripts/soak.py --workdir '
+                '/tmp/soak_hosts --config lm_shakespeare --hard_kills 2 '
+                '--num_steps 40 --checkpoint_every 8 --local_every 2 '
+                '--eval_every 1000 --seed 0')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +157,20 @@ FIGURES = (
              '[scaling.md](scaling.md#step-time-against-row-length-measured)',
              (*STEP_CODE, 'jax_transformer/bench/sequence.py'))
       for n in SEQUENCE_LENGTHS),
+    *(Figure("the step model's order of layouts against measured steps' "
+             f'order, {size} (8 CPU host devices)', 'plan', {'size': size},
+             'spearman', "Spearman's rank correlation {m:.2f}",
+             'python scripts/benchmark.py --suite plan',
+             '[planning.md](planning.md#the-agreement-at-each-cost-version)',
+             (*STEP_CODE, *PLAN_CODE))
+      for size in PLAN_SIZES),
+    *(Figure(f'goodput of a two-process run hard-killed twice in 40 steps, '
+             f'{name}', 'soak', {'configuration': configuration}, 'goodput',
+             '{m:.1%}', SOAK_COMMAND,
+             '[reliability.md](reliability.md#the-soak-test)', SOAK_CODE)
+      for configuration, name in (
+          ('workdir_only', 'checkpoints in the workdir alone'),
+          ('local_tier', 'with the local tier'))),
 )
 
 
@@ -169,6 +197,22 @@ def newest(records: list[dict[str, Any]], figure: Figure
   return None
 
 
+def newest_per_machine(records: list[dict[str, Any]], figure: Figure
+                       ) -> list[tuple[dict[str, Any], dict[str, float]]]:
+  """The newest record holding the figure on each machine the records
+  name (machines as ``machine_text`` writes them), newest first."""
+  seen, out = set(), []
+  for rec in reversed(records):
+    if rec['suite'] != figure.suite:
+      continue
+    got = value(rec, figure)
+    where = machine_text(rec['machine'])
+    if got is not None and where not in seen:
+      seen.add(where)
+      out.append((rec, got))
+  return out
+
+
 def changed_since(commit: str | None, paths: tuple[str, ...]) -> list[str]:
   """Which of paths differ now from ``commit`` (all where it is unknown)."""
   if not commit:
@@ -184,9 +228,9 @@ def changed_since(commit: str | None, paths: tuple[str, ...]) -> list[str]:
 def machine_text(machine: dict[str, Any]) -> str:
   """'Intel(R) Xeon(R) Processor, 2 cores, AVX-512, AMX' and the like."""
   isa = machine.get('isa', [])
-  marks = [name for name, flag in (('AVX-512', 'avx512f'), ('AMX', 'amx_tile'),
-                                   ('AVX2', 'avx2')) if flag in isa]
-  marks = marks[:2] if 'avx512f' in isa else marks[2:]
+  widest = (('AVX-512', 'avx512f'), ('AMX', 'amx_tile')) if 'avx512f' in isa \
+      else (('AVX2', 'avx2'),)
+  marks = [name for name, flag in widest if flag in isa]
   parts = [machine['cpu'], f"{machine['cores']} cores", *marks]
   if machine.get('accelerator'):
     parts.append(machine['accelerator'])

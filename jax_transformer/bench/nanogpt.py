@@ -172,15 +172,30 @@ def loss_at(curve: list[dict], seconds: float) -> float | None:
   return reached[-1] if reached else None
 
 
-def run(nanogpt_dir: str, steps: int = STEPS) -> list[dict]:
+def run(nanogpt_dir: str, steps: int = STEPS, rounds: int = 5
+        ) -> list[dict]:
+  """A row per round; rounds alternate which side runs first (a machine
+  that slows down over the suite's minutes weighs on both alike)."""
   if not os.path.exists(os.path.join(nanogpt_dir, 'model.py')):
     raise UsageError(f'{nanogpt_dir} is not a nanoGPT clone (no model.py); '
                      'git clone https://github.com/karpathy/nanoGPT and '
                      'pass --nanogpt_dir.')
-  with tempfile.TemporaryDirectory() as work:
-    nano = run_nanogpt(nanogpt_dir, work, steps)
-    ours = run_ours(work, steps)
-  row = {
+  rows = []
+  for r in range(rounds):
+    with tempfile.TemporaryDirectory() as work:
+      if r % 2:
+        ours = run_ours(work, steps)
+        nano = run_nanogpt(nanogpt_dir, work, steps)
+      else:
+        nano = run_nanogpt(nanogpt_dir, work, steps)
+        ours = run_ours(work, steps)
+    rows.append(dict(_row(ours, nano, steps), round=r))
+  return rows
+
+
+def _row(ours: dict, nano: dict, steps: int) -> dict:
+  """One round's row: wall times, losses and where the time went."""
+  return {
       'suite': 'nanogpt', 'steps': steps,
       'ours_wall_s': ours['wall_s'], 'nanogpt_wall_s': nano['wall_s'],
       'wall_ratio': ours['wall_s'] / nano['wall_s'],
@@ -198,4 +213,3 @@ def run(nanogpt_dir: str, steps: int = STEPS) -> list[dict]:
       'ours_time_parts_s': ours['parts'],
       'ours_curve': ours['curve'], 'nanogpt_curve': nano['curve'],
   }
-  return [row]

@@ -36,7 +36,7 @@ PREDICTED = ROOT / 'docs' / 'records' / 'predicted.jsonl'
 # number in it is a figure.
 LABEL_FIELDS = ('suite', 'model', 'step', 'shape', 'config', 'start',
                 'layout', 'side', 'option', 'batch', 'clients', 'device',
-                'size', 'item', 'chip')
+                'size', 'item', 'chip', 'configuration')
 # Fields that are neither figures nor labels.
 IGNORED = ('round', 'rounds', 'load_before', 'load_after', 'load_average',
            'load_average_before', 'load_average_after')

@@ -119,3 +119,27 @@ def test_a_tree_changed_only_in_its_records_is_unchanged(tmp_path):
   assert record.commit(tmp_path)['changed_tree'] is False
   (tmp_path / 'model.py').write_text('x = 2\n')
   assert record.commit(tmp_path)['changed_tree'] is True
+
+
+def test_performance_md_keeps_each_machines_newest_figure_readme_the_newest():
+  """Goals hold per machine: a figure measured on two machines is in
+  performance.md's table once per machine (each its newest there), in
+  README's once (the newest of all)."""
+  def rec(cpu, isa, ratio, date):
+    rows = [{'suite': 'cpu', 'model': 'transformer_base', 'step': 'train',
+             'ratio': ratio}]
+    return {'suite': 'cpu', 'commit': None, 'changed_tree': False,
+            'date': date, 'load_before': 1.0, 'load_after': 1.0,
+            'machine': {'cpu': cpu, 'cores': 2, 'isa': isa},
+            'figures': record.figures(rows), 'rows': rows}
+  records = [rec('Xeon', ['avx2', 'avx512f', 'amx_tile'], 0.9, 'day 1'),
+             rec('EPYC', ['avx2', 'avx512f'], 0.8, 'day 2'),
+             rec('Xeon', ['avx2', 'avx512f', 'amx_tile'], 0.7, 'day 3')]
+  train = [line for line in REPORT.performance_table(records).splitlines()
+           if 'paper-base train step against' in line]
+  assert len(train) == 2
+  assert '0.70x' in train[0] and 'Xeon, 2 cores, AVX-512, AMX' in train[0]
+  assert '0.80x' in train[1] and 'EPYC, 2 cores, AVX-512 |' in train[1]
+  readme = [line for line in REPORT.readme_table(records).splitlines()
+            if 'paper-base train step against' in line]
+  assert len(readme) == 1 and '0.70x' in readme[0]
