@@ -127,7 +127,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  'local_tier, serve, harness, sequence, nanogpt and plan: '
                  '5)')
   p.add_argument('--models', default='transformer_base,default_lm',
-                 help='cpu: comma-separated, of transformer_base,default_lm')
+                 help='cpu: comma-separated, of transformer_base,default_lm,'
+                 'transformer_base_scan (layers under lax.scan)')
   p.add_argument('--nanogpt_dir', help='nanogpt: a clone of '
                  'https://github.com/karpathy/nanoGPT')
   p.add_argument('--steps', type=int, default=None,
@@ -178,7 +179,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
       p.error(f'--stop_configs: unknown {", ".join(unknown)}; choose from '
               f'{", ".join(known)}.')
+  from jax_transformer.bench.step import CASES  # pylint: disable=g-import-not-at-top
   from jax_transformer.plan.measure import HOST_SIZES  # pylint: disable=g-import-not-at-top
+  unknown = sorted(set(args.models.split(',')) - set(CASES))
+  if unknown:
+    p.error(f'--models: unknown {", ".join(unknown)}; choose from '
+            f'{", ".join(CASES)}.')
   unknown = sorted(set(args.plan_sizes.split(',')) - set(HOST_SIZES))
   if unknown:
     p.error(f'--plan_sizes: unknown {", ".join(unknown)}; choose from '

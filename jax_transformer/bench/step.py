@@ -1,6 +1,7 @@
 """Our jitted train step and forward against PyTorch, same weights and shapes.
 
-Two models, each with its PyTorch twin holding the same weights:
+Two models (a third on request), each with its PyTorch twin holding the
+same weights:
 
 * ``transformer_base``: the paper's base model (63M parameters, vocab 37000)
   against ``torch_reference.TorchTransformer`` (``nn.Transformer``), a
@@ -8,7 +9,9 @@ Two models, each with its PyTorch twin holding the same weights:
   included, as ``nn.Transformer`` drops them), Adam;
 * ``default_lm``: the default job's size (4 layers, d_model 128, 4 heads,
   byte vocabulary, 32 x 128 tokens) in the GPT-2 layout against Hugging
-  Face's ``GPT2LMHeadModel``, dropout 0.1, AdamW.
+  Face's ``GPT2LMHeadModel``, dropout 0.1, AdamW;
+* ``transformer_base_scan`` (not by default): the base model with its
+  layers under ``lax.scan`` (``scan_layers=True``), the same twin.
 
 Each first checks that both compute the same loss (dropout off), then times
 the train step (forward, backward, optimizer update) and the eval forward
@@ -21,6 +24,7 @@ each side gets to the floor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -46,6 +50,14 @@ def base_case(dropout: float = 0.1) -> dict[str, Any]:
               kind='encoder_decoder', batch=8, src_len=64, tgt_len=64)
 
 
+def base_scan_case(dropout: float = 0.1) -> dict[str, Any]:
+  """The paper's base model with its layers under ``lax.scan``
+  (``scan_layers``): one layer compiled instead of six a stack."""
+  case = base_case(dropout)
+  return dict(case, name='transformer_base_scan',
+              config=dataclasses.replace(case['config'], scan_layers=True))
+
+
 def lm_case(dropout: float = 0.1) -> dict[str, Any]:
   return dict(name='default_lm',
               config=gpt2_small(vocab_size=264, d_model=128, num_heads=4,
@@ -53,6 +65,11 @@ def lm_case(dropout: float = 0.1) -> dict[str, Any]:
                                 activation='gelu', dropout_rate=dropout,
                                 attention_dropout_rate=dropout),
               kind='decoder_lm', batch=32, src_len=0, tgt_len=128)
+
+
+# The models ``--models`` may name.
+CASES = {'transformer_base': base_case, 'default_lm': lm_case,
+         'transformer_base_scan': base_scan_case}
 
 
 def make_batch(case: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
@@ -226,5 +243,4 @@ def run(rounds: int = 7, models: tuple[str, ...] = ('transformer_base',
   torch.manual_seed(0)
   # XLA's CPU client uses every core this process may run on; so does torch.
   torch.set_num_threads(len(os.sched_getaffinity(0)))
-  cases = {'transformer_base': base_case, 'default_lm': lm_case}
-  return [row for name in models for row in run_case(cases[name](), rounds)]
+  return [row for name in models for row in run_case(CASES[name](), rounds)]

@@ -1,5 +1,6 @@
 """scripts/benchmark.py and its suites, on shapes small enough for a test."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -25,7 +26,9 @@ def tiny_cases():
             config=gpt2_small(vocab_size=40, d_model=16, num_heads=2,
                               num_decoder_layers=1, d_ff=32, max_len=16,
                               activation='gelu'))
-  return [encdec, lm]
+  scanned = dict(encdec, name='tiny_encdec_scanned', config=dataclasses.replace(
+      encdec['config'], scan_layers=True))
+  return [encdec, lm, scanned]
 
 
 @pytest.mark.slow
@@ -95,6 +98,7 @@ def test_plan_suite_defaults_to_every_host_size():
 @pytest.mark.parametrize('args, message', [
     (['--suite', 'gpu'], 'needs a GPU or TPU'),
     (['--suite', 'nanogpt'], 'needs --nanogpt_dir'),
+    (['--models', 'transformer_big'], '--models: unknown transformer_big'),
     (['--suite', 'nanogpt', '--nanogpt_dir', '/nonexistent'],
      'is not a nanoGPT clone'),
 ])
