@@ -158,7 +158,8 @@ FIGURES = (
            (*DECODE_CODE, 'jax_transformer/serving/',
             'jax_transformer/bench/serve.py'), readme=True),
     Figure('the default job against nanoGPT, wall time at equal steps',
-           'nanogpt', {}, 'wall_ratio', "{m:.2f}x nanoGPT's",
+           'nanogpt', {}, 'wall_ratio',
+           "{m:.2f}x nanoGPT's (rounds {lo:.2f}-{hi:.2f})",
            'python scripts/benchmark.py --suite nanogpt --nanogpt_dir '
            '~/nanoGPT', '[below](#the-default-job-against-nanogpt---suite-'
            'nanogpt)', (*STEP_CODE, 'jax_transformer/data/',
