@@ -23,7 +23,8 @@ bytes, a file or folder gone), always leaving one readable.
 --hard_kills N runs two processes instead and hard-kills one of them (or
 both) N times, without and with the local checkpoint tier
 (``--local_every``), reporting goodput and steps lost per kill
-(``scripts/soak_hosts.py``).
+(``scripts/soak_hosts.py``), rows it appends to the benchmark record
+(``docs/records/measured.jsonl``; ``--record FILE``, ``--no_record``).
 
 Prints one line per start, then the verdict; exits 1 naming the first
 difference. Config overrides pass through after ``--``, e.g.
