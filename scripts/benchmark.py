@@ -124,8 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--suite', default='cpu', choices=SUITES)
   p.add_argument('--rounds', type=int, default=None,
                  help='interleaved rounds per comparison (default 7; '
-                 'local_tier, serve, harness, sequence, nanogpt and plan: '
-                 '5)')
+                 'local_tier, serve, harness, sequence, nanogpt, plan and '
+                 'pipeline: 5)')
   p.add_argument('--models', default='transformer_base,default_lm',
                  help='cpu: comma-separated, of transformer_base,default_lm,'
                  'transformer_base_scan (layers under lax.scan)')
@@ -197,7 +197,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   local = args.suite == 'local_tier'
   if args.rounds is None:
     args.rounds = (5 if local or args.suite in (
-        'serve', 'harness', 'sequence', 'nanogpt', 'plan') else 7)
+        'serve', 'harness', 'sequence', 'nanogpt', 'plan', 'pipeline')
+                   else 7)
   if args.steps is None:
     args.steps = 200 if local else 600
   if min(args.rounds, args.steps, args.local_every, args.limit,
@@ -266,7 +267,7 @@ def run_suite(args: argparse.Namespace) -> list[dict]:
     configs = args.stop_configs and tuple(args.stop_configs.split(','))
     return list(stop.run(configs))
   from jax_transformer.bench import pipeline  # pylint: disable=g-import-not-at-top
-  return pipeline.run()
+  return pipeline.run(rounds=args.rounds)
 
 
 TABLE_KEYS = ('model', 'step', 'jax_s', 'torch_s', 'ratio', 'compile_s',

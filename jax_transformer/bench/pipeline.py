@@ -11,9 +11,10 @@ Two data shapes, each through the trainer's own pipeline
 The stores are synthetic (random ids of real-looking lengths, written
 once to a temporary folder), which costs the pipeline what a prepared split
 costs it: training reads token ids, never text. Each shape is timed with
-the batches made in this process and by worker processes; its best supply
-(target tokens per second) is set against the demand of one chip training
-the model at 40% MFU (H200 and TPU v5p, bf16 dense peaks).
+the batches made in this process and by worker processes, in interleaved
+rounds; its best median supply (target tokens per second) is set against
+the demand of one chip training the model at 40% MFU (H200 and TPU v5p,
+bf16 dense peaks).
 """
 
 from __future__ import annotations
@@ -93,16 +94,22 @@ def demand(shape: dict, peak: float) -> float:
   return MFU * peak / flops * shape['batch'] * shape['seq']
 
 
-def run(seconds: float = 10.0, worker_counts=(0, 1, 2),
-        examples: int = EXAMPLES) -> list[dict]:
+def run(seconds: float = 4.0, worker_counts=(0, 1, 2),
+        examples: int = EXAMPLES, rounds: int = 5) -> list[dict]:
+  """A row per model and device: the median supply over ``rounds``
+  windows of ``seconds`` (the worker counts interleaved in each round) of
+  the worker count with the best median, against the device's demand."""
   tokenizer = data.ByteTokenizer()
   cores = os.cpu_count()
   rows = []
   with tempfile.TemporaryDirectory() as data_dir:
     for model, shape in shapes().items():
       write_store(data_dir, shape, tokenizer, examples)
-      measured = {w: supply(data_dir, shape, tokenizer, w, seconds)
-                  for w in worker_counts}
+      windows = {w: [] for w in worker_counts}
+      for _ in range(rounds):
+        for w in worker_counts:
+          windows[w].append(supply(data_dir, shape, tokenizer, w, seconds))
+      measured = {w: float(np.median(v)) for w, v in windows.items()}
       workers = max(measured, key=measured.get)
       best = measured[workers]
       for device, peak in PEAKS.items():
@@ -110,7 +117,9 @@ def run(seconds: float = 10.0, worker_counts=(0, 1, 2),
         rows.append(dict(
             suite='pipeline', model=model, device=device,
             supply_tokens_per_s=best, demand_tokens_per_s=need,
-            ratio=best / need, cores=cores,
+            ratio=best / need, ratio_min=min(windows[workers]) / need,
+            ratio_max=max(windows[workers]) / need, rounds=rounds,
+            cores=cores,
             tokens_per_s_per_core=best / cores,
             cores_needed=need / (best / cores), worker_count=workers,
             supply_by_worker_count={str(w): s for w, s in measured.items()},

@@ -11,7 +11,7 @@ import pytest
 import repo
 import script_helpers
 
-from jax_transformer.bench import nanogpt, pipeline, step
+from jax_transformer.bench import documented, nanogpt, pipeline, step
 from jax_transformer.compile import step_model
 from jax_transformer.model.config import gpt2_small, transformer_base
 
@@ -72,7 +72,8 @@ def test_nanogpt_suite_reads_where_train_py_spent_its_time():
 
 
 def test_pipeline_suite_reports_supply_and_demand():
-  rows = pipeline.run(seconds=0.3, worker_counts=(0,), examples=3000)
+  rows = pipeline.run(seconds=0.3, worker_counts=(0,), examples=3000,
+                      rounds=3)
   assert [(r['model'], r['device']) for r in rows] == [
       (m, d) for m in ('transformer_base', 'gpt2_small')
       for d in ('NVIDIA H200', 'TPU v5p')]
@@ -82,6 +83,13 @@ def test_pipeline_suite_reports_supply_and_demand():
         row['supply_tokens_per_s'] / row['demand_tokens_per_s'])
     assert row['tokens_per_s_per_core'] == pytest.approx(
         row['supply_tokens_per_s'] / row['cores'])
+  # The documented figure reads the ratio as the median of three windows,
+  # with their range.
+  figure, = [f for f in documented.FIGURES if f.suite == 'pipeline']
+  got = documented.value({'rows': rows}, figure)
+  assert got['n'] == 3 and got['median'] == rows[0]['ratio']
+  assert (got['min'], got['max']) == (rows[0]['ratio_min'],
+                                      rows[0]['ratio_max'])
   # The base model on an H200 at 40% MFU: about 985k target tokens/s.
   assert rows[0]['demand_tokens_per_s'] == pytest.approx(985e3, rel=0.01)
 
