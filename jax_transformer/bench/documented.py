@@ -19,6 +19,7 @@ from typing import Any
 
 from jax_transformer.bench import record
 from jax_transformer.compile import step_model
+from jax_transformer.plan import measure
 
 # What a model's step is made of: a change here changes what a step
 # benchmark measured.
@@ -30,9 +31,8 @@ STEP_CODE = ('jax_transformer/model/', 'jax_transformer/train/steps.py',
 SEQUENCE_LENGTHS = (512, 1024, 2048, 4096)
 DECODE_CODE = ('jax_transformer/model/', 'jax_transformer/decoding/',
                'jax_transformer/runtime/xla_options.py')
-# The plan suite's sizes on CPU host devices (measure.HOST_SIZES), and its
-# row over all of them.
-PLAN_SIZES = ('tiny', 'small', 'gpt2_small_4l', 'all')
+# The plan suite's sizes on CPU host devices, and its row over all of them.
+PLAN_SIZES = (*measure.HOST_SIZES, 'all')
 PLAN_CODE = ('jax_transformer/compile/step_model.py',
              'jax_transformer/compile/hlo_stats.py', 'jax_transformer/plan/',
              'jax_transformer/bench/plan.py')
@@ -203,13 +203,10 @@ def value(rec: dict[str, Any], figure: Figure) -> dict[str, float] | None:
 
 def newest(records: list[dict[str, Any]], figure: Figure
            ) -> tuple[dict[str, Any], dict[str, float]] | None:
-  """The newest record holding the figure, and its value."""
-  for rec in reversed(records):
-    if rec['suite'] == figure.suite:
-      got = value(rec, figure)
-      if got is not None:
-        return rec, got
-  return None
+  """The newest record holding the figure, and its value: the newest of
+  the machines' newest."""
+  hits = newest_per_machine(records, figure)
+  return hits[0] if hits else None
 
 
 def newest_per_machine(records: list[dict[str, Any]], figure: Figure
