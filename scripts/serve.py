@@ -164,10 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   engine = served.engine
   more = ', the next chunk of a longer prompt' if engine.chunked else ''
   print(f'Loaded {args.workdir} and compiled {count} programs in '
-        f'{seconds:.1f} s ({len(engine.step_rows)} decode steps of '
-        f'{engine.step_rows[0]} to {engine.slots} rows and their writes, '
-        f'{len(engine.buckets)} prompt widths up to {engine.chunk} '
-        f'tokens{more}); {engine.slots} slots of {engine.max_len} tokens.',
+        f'{seconds:.1f} s ({len(engine.buckets)} prompt widths up to '
+        f'{engine.chunk} tokens{more}; per cache of '
+        f'{engine.capacities[0]} to {engine.slots} rows: its decode step, '
+        f'writes and resizes); {engine.slots} slots of {engine.max_len} '
+        f'tokens.',
         flush=True)
   print(f'Serving {served.name} on http://{args.host}:{args.port}/v1 '
         f'({time.perf_counter() - start:.1f} s after start-up began).',

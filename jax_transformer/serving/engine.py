@@ -14,17 +14,25 @@ laid out as the model was trained and a :class:`Params`, and calls back with
 one :class:`Event` per token (from the engine's thread). Text, JSON and HTTP
 live above it (:mod:`jax_transformer.serving.api`).
 
+The cache holds as many rows as the requests need (its capacity: 1, 2,
+4, ... up to ``slots``), so that a step over few requests costs what few
+rows cost: it grows when requests wait for a row, and when the requests
+held would fit in half of it, they are packed into its first rows and it
+shrinks.
+
 The programs are compiled once each, before the engine starts
-(:meth:`Engine.compile`): the decode step and its write per number of
-rows, a fresh-prompt prefill per bucket width (powers of two up to
-``chunk``) and the next-chunk prefill of a long prompt. Nothing compiles
-while serving.
+(:meth:`Engine.compile`): a fresh-prompt prefill per bucket width (powers
+of two up to ``chunk``) and the next-chunk prefill of a long prompt; per
+capacity, the decode step and its write, the writes of prefilled rows,
+moving a row and resizing to each other capacity. Nothing compiles while
+serving.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import os
 import threading
@@ -125,15 +133,16 @@ class Engine:
     self.max_len = max_len
     self.chunked = self.chunk < max_len  # a prompt may take several chunks
     self.buckets = buckets(self.chunk)
-    # Decode steps over the first 1, 2, 4, ... rows, then all of them
-    # (multiples of the 'data' axis).
-    self.step_rows = tuple(sorted({min(data << i, self.slots)
-                                   for i in range(self.slots.bit_length() + 1)}))
+    # Cache rows: 1, 2, 4, ... then all of them (multiples of the 'data'
+    # axis).
+    self.capacities = tuple(sorted({min(data << i, self.slots)
+                                    for i in range(self.slots.bit_length() + 1)}))
     self.queue_size = queue
     self.mesh = resolve_mesh(mesh, self.slots)
     graphdef, state = nnx.split(model)
     self._graphdef = graphdef
     self._state = place_state(state, self.mesh)
+    self.programs = programs.bind(graphdef, self.mesh)
     self._cache = None
     self._waiting: collections.deque[Request] = collections.deque()
     self._cancelled: list[Request] = []
@@ -149,23 +158,27 @@ class Engine:
 
   def _call(self, program, *args):
     """program(parameters, *args) on the engine's mesh."""
-    return self._call_cache(program, self._graphdef, self._state, *args)
+    return self._call_cache(program, self._state, *args)
 
   def _call_cache(self, program, *args):
     """program(*args) on the engine's mesh (a program of the cache alone
     takes no parameters)."""
     if self.mesh is None:
-      return program(*args, mesh=None)
+      return program(*args)
     with jax.set_mesh(self.mesh):
-      return program(*args, mesh=self.mesh)
+      return program(*args)
 
-  def _empty_cache(self):
+  def _empty_cache(self, rows: int):
     model = nnx.merge(self._graphdef, self._state)
-    cache = jax.eval_shape(lambda: model.init_cache(self.slots,
-                                                    self.cache_len))
+    cache = jax.eval_shape(lambda: model.init_cache(rows, self.cache_len))
     zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), cache)
-    zeros = zeros._replace(index=np.zeros(self.slots, np.int32))
+    zeros = zeros._replace(index=np.zeros(rows, np.int32))
     return place(jax.tree.map(jax.numpy.asarray, zeros), self.mesh)
+
+  @property
+  def capacity(self) -> int:
+    """Rows the cache holds now."""
+    return self._cache.valid.shape[0]
 
   @staticmethod
   def _sampling(requests: list[Request]) -> programs.Sampling:
@@ -193,10 +206,16 @@ class Engine:
       ids[i, :len(piece)] = piece
       mask[i, :len(piece)] = True
     rows = np.array([r.slot for r in group], np.int32)
-    program = programs.prefill_fresh if fresh else programs.prefill_more
     start = time.perf_counter()
-    tokens, self._cache = self._call(program, self._cache, rows, ids, mask,
-                                     self._sampling(group))
+    if fresh:
+      tokens, part = self._call(self.programs.prefill_fresh, ids, mask,
+                                self._sampling(group))
+    else:
+      part = self._call_cache(self.programs.take_rows, self._cache, rows)
+      tokens, part = self._call(self.programs.prefill_more, part, ids, mask,
+                                self._sampling(group))
+    self._cache = self._call_cache(self.programs.put_rows, self._cache, rows,
+                                   part)
     tokens = np.asarray(tokens)
     self.stats['prefills'] += 1
     self.stats['prefill_tokens'] += int(mask.sum())
@@ -204,48 +223,85 @@ class Engine:
     return tokens
 
   def _step(self, decoding: list[Request]) -> np.ndarray:
-    """One decode step over the fewest rows (a step_rows bucket) that hold
-    every decoding request; rows not in decoding (idle, or still reading a
-    prompt) run masked."""
-    highest = max((r.slot for r in decoding), default=0)
-    rows = next(n for n in self.step_rows if n > highest)
-    held = [self._idle] * rows
+    """One decode step over every row of the cache; rows not in decoding
+    (idle, or still reading a prompt) run masked."""
+    held = [self._idle] * self.capacity
     for r in decoding:
       held[r.slot] = r
     tokens = np.array([r.last for r in held], np.int32)
     active = np.array([r is not self._idle for r in held])
     start = time.perf_counter()
-    out, new = self._call(programs.decode_step, self._cache, tokens, active,
-                          self._sampling(held))
-    self._cache = self._call_cache(programs.write_step, self._cache, new)
+    out, new = self._call(self.programs.decode_step, self._cache, tokens,
+                          active, self._sampling(held))
+    self._cache = self._call_cache(self.programs.write_step, self._cache, new)
     out = np.asarray(out)
     self.stats['steps'] += 1
     self.stats['step_rows'] += len(decoding)
     self.stats['step_s'] += time.perf_counter() - start
     return out
 
+  def _resize(self, rows: int) -> None:
+    """The cache grown or shrunk to rows (requests past them moved first
+    to the lowest free rows)."""
+    if rows == self.capacity:
+      return
+    start = time.perf_counter()
+    free = iter(i for i in range(rows) if self._in_slot[i] is None)
+    for request in self._in_slot[rows:self.capacity]:
+      if request is not None:
+        target = next(free)
+        self._cache = self._call_cache(self.programs.move_row, self._cache,
+                                       np.int32(request.slot),
+                                       np.int32(target))
+        self._in_slot[target], self._in_slot[request.slot] = request, None
+        request.slot = target
+        self.stats['moves'] += 1
+    self._cache = self._call_cache(
+        functools.partial(self.programs.resize, rows=rows), self._cache)
+    self.stats['resizes'] += 1
+    self.stats['resize_s'] += time.perf_counter() - start
+
+  def _rows_for(self, requests: int) -> int:
+    """The least capacity that holds this many requests."""
+    return next((c for c in self.capacities if c >= requests), self.slots)
+
   _idle = Request(prompt=[0], params=Params(max_tokens=1), emit=None,
                   key=np.zeros(2, np.uint32))
 
   def compile(self) -> tuple[int, float]:
-    """Compiles every program once (on a scratch cache): returns (count,
+    """Compiles every program once (on scratch caches): returns (count,
     seconds). The engine then serves without compiling."""
     start = time.perf_counter()
-    self._cache = self._empty_cache()
     scratch = dataclasses.replace(self._idle, slot=0)
-    for width in self.buckets:
-      scratch.prompt, scratch.read = [0] * width, 0
-      self._prefill([scratch], fresh=True)
-    if self.chunked:
-      scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
-      self._prefill([scratch], fresh=False)
-    for rows in self.step_rows:
-      scratch.slot = rows - 1
+    p = self.rows_per_prefill
+    first = np.zeros(p, np.int32)
+    sampling = self._sampling([scratch] * p)
+    parts = [self._call(self.programs.prefill_fresh,
+                        np.zeros((p, w), np.int32), np.ones((p, w), bool),
+                        sampling)[1] for w in self.buckets]
+    for rows in self.capacities:
+      self._cache = self._empty_cache(rows)
+      for part in parts:
+        self._cache = self._call_cache(self.programs.put_rows, self._cache,
+                                       first, part)
+      if self.chunked:
+        scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
+        self._prefill([scratch], fresh=False)
       self._step([scratch])
-    jax.block_until_ready(self._cache)
-    self._cache = self._empty_cache()
+      self._cache = self._call_cache(self.programs.move_row, self._cache,
+                                     np.int32(0), np.int32(0))
+      for other in self.capacities:
+        if other != rows:
+          jax.block_until_ready(self._call_cache(
+              functools.partial(self.programs.resize, rows=other),
+              self._cache))
+      jax.block_until_ready(self._cache)
+    self._cache = self._empty_cache(self.capacities[0])
     self.stats.clear()
-    return (len(self.buckets) + self.chunked + 2 * len(self.step_rows),
+    per_capacity = (3 + len(self.buckets) + 2 * self.chunked
+                    + len(self.capacities) - 1)
+    return (len(self.buckets) + self.chunked
+            + len(self.capacities) * per_capacity,
             time.perf_counter() - start)
 
   # ---- requests --------------------------------------------------------
@@ -316,8 +372,9 @@ class Engine:
   # ---- the loop --------------------------------------------------------
 
   def _take_changes(self) -> list[Request]:
-    """Applies cancellations and hands free slots to waiting requests;
-    returns the requests that got one."""
+    """Applies cancellations, fits the cache's capacity to the requests
+    held and waiting, and hands free rows to waiting requests; returns the
+    requests that got one."""
     with self._wake:
       while (self._running and not self._waiting and not self._cancelled
              and not any(self._in_slot)):
@@ -330,8 +387,11 @@ class Engine:
           if request.slot is not None:
             self._in_slot[request.slot] = None
       self._cancelled.clear()
+      waiting = len(self._waiting)
+    self._fit(waiting)
+    with self._wake:
       joined = []
-      free = (i for i, r in enumerate(self._in_slot) if r is None)
+      free = (i for i in range(self.capacity) if self._in_slot[i] is None)
       for slot in free:
         if not self._waiting:
           break
@@ -340,6 +400,14 @@ class Engine:
         self._in_slot[slot] = request
         joined.append(request)
       return joined
+
+  def _fit(self, waiting: int) -> None:
+    """Grows the cache to hold the requests held and waiting, or shrinks
+    it when they would fit in half of it."""
+    held = sum(r is not None for r in self._in_slot)
+    rows = self._rows_for(held + waiting)
+    if rows > self.capacity or 2 * rows <= self.capacity:
+      self._resize(rows)
 
   def _prefill_round(self) -> None:
     """One chunk of every request still reading its prompt."""

@@ -1,31 +1,39 @@
-"""The serving engine's compiled programs, over a KV cache laid out by slot.
+"""The serving engine's compiled programs, over a KV cache laid out by row.
 
-The cache holds ``S`` rows (decode slots), each of ``L`` cache slots, with a
-write index per row (``KVCache.index`` [S]): a request owns one row from its
-prefill until its last token, and rows start and end at different times.
+The cache holds ``C`` rows (the engine's capacity, which it grows and
+shrinks with the requests it holds), each of ``L`` cache slots, with a
+write index per row (``KVCache.index`` [C]): a request owns one row from
+its prefill until its last token, and rows start and end at different
+times.
 
-* :func:`prefill_fresh` runs a new request's prompt (right-padded to a
-  bucket width ``C``) against an empty ``[P, K, C, H]`` cache and writes the
-  ``C`` slots into its rows; only those slots move.
-* :func:`prefill_more` runs the next chunk of a long prompt against the
-  rows' whole caches (gathered, then written back).
+* :func:`prefill_fresh` runs new requests' prompts (right-padded to a
+  bucket width ``W``) against an empty ``[P, K, W, H]`` cache, and
+  :func:`prefill_more` the next chunk of long prompts against their rows
+  (taken by :func:`take_rows`); each returns the rows' new caches, which
+  :func:`put_rows` writes into theirs: only those slots move.
 * :func:`decode_step` advances every row by one token, reading the cache;
   :func:`write_step` then writes the new slots in place (one program
   doing both made XLA copy the cache each step). Rows without a request
   run masked (nothing they write is ever attended).
+* :func:`resize` and :func:`move_row` change the capacity and pack the
+  rows: a step reads a whole cache, never a slice of one (XLA:CPU copies
+  a slice before a dot reads it, at a few GB/s: a step over 8 of 32 rows
+  cost 88 ms against 48 ms over a cache of 8).
 
-Each returns the token chosen after the last real token of each row, drawn
-by :func:`choose` with that row's own sampling parameters.
+The decoding programs return the token chosen after the last real token
+of each row, drawn by :func:`choose` with that row's own sampling
+parameters.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental import checkify
 
 from jax_transformer.decoding.inputs import constrain
 from jax_transformer.decoding.sampling import allowed
@@ -79,100 +87,140 @@ def _last_real(mask: Array) -> Array:
   return (width - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)
 
 
-def _rows(cache: KVCache, rows: Array) -> KVCache:
-  """The cache of rows [P] alone: [P, K, L, H] each."""
-  return cache._replace(keys=tuple(k[rows] for k in cache.keys),
-                        values=tuple(v[rows] for v in cache.values),
-                        valid=cache.valid[rows], index=cache.index[rows])
+def prefill_fresh(graphdef, state, ids: Array, mask: Array,
+                  sampling: Sampling, *, mesh=None):
+  """New requests' prompts (or first chunks), ids and mask [P, W]
+  right-padded. Returns (ids [P], their rows' caches [P, K, W, H]), each
+  row's index its real length (so padding slots are overwritten by the
+  tokens that follow)."""
+  model = nnx.merge(graphdef, state)
+  p, w = ids.shape
+  logits, part = model.extend(ids, model.init_cache(p, w), mask,
+                              logits_at=_last_real(mask))
+  part = part._replace(index=mask.sum(axis=1, dtype=jnp.int32))
+  return choose(logits[:, 0], sampling), constrain(part, mesh)
 
 
-def _put_slots(cache: KVCache, rows: Array, part: KVCache, start: Array,
-               width: int, index: Array) -> KVCache:
-  """cache with slots [start[p], start[p] + width) of row rows[p] taken
-  from part's row p (at the same slots), and that row's index set.
+def prefill_more(graphdef, state, part: KVCache, ids: Array, mask: Array,
+                 sampling: Sampling, *, mesh=None):
+  """The next chunk of long prompts, ids and mask [P, W], after what their
+  rows' caches part [P, K, L, H] hold. Returns (ids [P], part extended)."""
+  model = nnx.merge(graphdef, state)
+  start = part.index
+  logits, part = model.extend(ids, part, mask, logits_at=_last_real(mask))
+  part = part._replace(index=start + mask.sum(axis=1, dtype=jnp.int32))
+  return choose(logits[:, 0], sampling), constrain(part, mesh)
+
+
+def take_rows(cache: KVCache, rows: Array, *, mesh=None) -> KVCache:
+  """The caches of rows [P] alone: [P, K, L, H] each."""
+  return constrain(jax.tree.map(lambda x: x[rows], cache), mesh)
+
+
+def put_rows(cache: KVCache, rows: Array, part: KVCache, *,
+             mesh=None) -> KVCache:
+  """cache with row rows[p]'s slots [0, W) and index taken from part's row
+  p ([P, K, W, H]) and its later slots marked empty (never attended).
 
   Only those slots move, one dynamic-update-slice per row: writing whole
   rows, or scattering, makes XLA copy the whole cache first.
   """
-  def put(whole, piece, axis):
+  width = part.valid.shape[1]
+  valid = jnp.pad(part.valid, ((0, 0), (0, cache.max_len - width)))
+
+  def put(whole, piece):
     for p in range(piece.shape[0]):
-      written = jax.lax.dynamic_slice_in_dim(piece[p:p + 1], start[p], width,
-                                             axis=axis)
       at = [jnp.int32(0)] * whole.ndim
-      at[0], at[axis] = rows[p], start[p]
-      whole = jax.lax.dynamic_update_slice(whole, written, at)
+      at[0] = rows[p]
+      whole = jax.lax.dynamic_update_slice(whole, piece[p:p + 1], at)
     return whole
 
-  return cache._replace(
-      keys=tuple(put(k, n, 2) for k, n in zip(cache.keys, part.keys)),
-      values=tuple(put(v, n, 2) for v, n in zip(cache.values, part.values)),
-      valid=put(cache.valid, part.valid, 1),
-      index=cache.index.at[rows].set(index))
+  return constrain(cache._replace(
+      keys=tuple(map(put, cache.keys, part.keys)),
+      values=tuple(map(put, cache.values, part.values)),
+      valid=put(cache.valid, valid),
+      index=cache.index.at[rows].set(part.index)), mesh)
 
 
-def _first(cache: KVCache, n: int) -> KVCache:
-  """The cache of its first n rows (itself when it has n)."""
-  if n == cache.valid.shape[0]:
-    return cache
-  return jax.tree.map(lambda x: x[:n], cache)
-
-
-_STATIC = ('graphdef', 'mesh')
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
-def prefill_fresh(graphdef, state, cache: KVCache, rows: Array, ids: Array,
-                  mask: Array, sampling: Sampling, *, mesh=None):
-  """New requests' prompts (or first chunks) into rows [P].
-
-  ids, mask [P, C]: right-padded prompts, written to slots [0, C). The
-  rest of each row is left as it was, never attended: its valid mask is
-  cleared. Each row's index becomes its real length (so padding slots are
-  overwritten by the tokens that follow). Returns (ids [P], cache).
-  """
-  model = nnx.merge(graphdef, state)
-  p, c = ids.shape
-  logits, part = model.extend(ids, model.init_cache(p, c), mask,
-                              logits_at=_last_real(mask))
-  cache = cache._replace(valid=cache.valid.at[rows].set(False))
-  zeros = jnp.zeros((p,), jnp.int32)
-  cache = _put_slots(cache, rows, part, zeros, c,
-                     mask.sum(axis=1, dtype=jnp.int32))
-  return choose(logits[:, 0], sampling), constrain(cache, mesh)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames='cache')
-def prefill_more(graphdef, state, cache: KVCache, rows: Array, ids: Array,
-                 mask: Array, sampling: Sampling, *, mesh=None):
-  """The next chunk of long prompts, ids and mask [P, C], after what rows
-  [P] hold. Returns (ids [P], cache), as :func:`prefill_fresh`."""
-  model = nnx.merge(graphdef, state)
-  part = _rows(cache, rows)
-  start = part.index
-  logits, part = model.extend(ids, part, mask, logits_at=_last_real(mask))
-  cache = _put_slots(cache, rows, part, start, ids.shape[1],
-                     start + mask.sum(axis=1, dtype=jnp.int32))
-  return choose(logits[:, 0], sampling), constrain(cache, mesh)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
 def decode_step(graphdef, state, cache: KVCache, tokens: Array,
                 active: Array, sampling: Sampling, *, mesh=None):
-  """The first R rows one token further, read: tokens [R] (each row's
-  last), active [R] bool (rows holding a request). The cache is only read
-  (the rows after R not at all: with few requests, a step costs what few
-  rows cost; each R is its own program); :func:`write_step` writes what
-  the step made. Returns (ids [R], attention.NewSlots)."""
+  """Every row one token further, read: tokens [C] (each row's last),
+  active [C] bool (rows holding a request). The cache is only read;
+  :func:`write_step` writes what the step made. Returns (ids [C],
+  attention.NewSlots)."""
   model = nnx.merge(graphdef, state)
-  logits, new = model.extend(tokens[:, None], _first(cache, tokens.shape[0]),
-                             active[:, None], write=False)
+  logits, new = model.extend(tokens[:, None], cache, active[:, None],
+                             write=False)
   return choose(logits[:, 0], sampling), new
 
 
-@functools.partial(jax.jit, static_argnames=('mesh',),
-                   donate_argnames='cache')
 def write_step(cache: KVCache, new: attn.NewSlots, *, mesh=None) -> KVCache:
-  """cache with a decode step's new slots written in place (its first R
-  rows; a row without a request writes a slot it never attends and keeps
-  its index, so a prompt's next chunk writes over it)."""
+  """cache with a decode step's new slots written in place (a row without
+  a request writes a slot it never attends and keeps its index, so a
+  prompt's next chunk writes over it)."""
   return constrain(attn.write_new(cache, new), mesh)
+
+
+def resize(cache: KVCache, *, rows: int, mesh=None) -> KVCache:
+  """cache with its first ``rows`` rows, or grown to ``rows`` with empty
+  rows after its own."""
+  def fit(x):
+    have = x.shape[0]
+    if rows <= have:
+      return x[:rows]
+    return jnp.pad(x, ((0, rows - have),) + ((0, 0),) * (x.ndim - 1))
+  return constrain(jax.tree.map(fit, cache), mesh)
+
+
+def move_row(cache: KVCache, source: Array, target: Array, *,
+             mesh=None) -> KVCache:
+  """cache with row ``source`` copied to row ``target`` (in place)."""
+  def move(x):
+    row = jax.lax.dynamic_slice_in_dim(x, source, 1, axis=0)
+    return jax.lax.dynamic_update_slice_in_dim(x, row, target, axis=0)
+  return constrain(jax.tree.map(move, cache), mesh)
+
+
+class Programs(NamedTuple):
+  """The programs above, jitted for one model and mesh: each takes its
+  arguments after graphdef, without mesh."""
+  prefill_fresh: Callable
+  prefill_more: Callable
+  take_rows: Callable
+  put_rows: Callable
+  decode_step: Callable
+  write_step: Callable
+  resize: Callable
+  move_row: Callable
+
+
+def _unchecked(program: Callable) -> Callable:
+  """program with the model's traced checks (``attention.check_room``'s
+  ``checkify.debug_check``) discharged, as a jitted call without checkify
+  drops them: left in, their effect sends every call through JAX's Python
+  dispatch, about 6 ms a call (a third of a GPT-2 small decode step on 2
+  cores). The engine sizes every request to its row before it joins."""
+  checked = checkify.checkify(program, errors=checkify.user_checks)
+
+  @functools.wraps(program)
+  def run(*args, **kwargs):
+    return checked(*args, **kwargs)[1]
+  return run
+
+
+def bind(graphdef, mesh=None) -> Programs:
+  """The programs jitted with graphdef and mesh bound, not passed (a
+  static argument is hashed on every call: a model's graphdef, a
+  millisecond or more), each on JAX's fast dispatch path."""
+  def jit(program, *bound, donate=(), static=()):
+    return jax.jit(_unchecked(functools.partial(program, *bound, mesh=mesh)),
+                   donate_argnames=donate, static_argnames=static)
+  return Programs(
+      prefill_fresh=jit(prefill_fresh, graphdef),
+      prefill_more=jit(prefill_more, graphdef, donate='part'),
+      take_rows=jit(take_rows),
+      put_rows=jit(put_rows, donate='cache'),
+      decode_step=jit(decode_step, graphdef),
+      write_step=jit(write_step, donate='cache'),
+      resize=jit(resize, static='rows'),
+      move_row=jit(move_row, donate='cache'))

@@ -81,6 +81,29 @@ def test_greedy_answers_equal_generate_with_six_sharing_four_slots(
     assert answer.finish == 'length'
 
 
+def test_answers_moved_to_smaller_caches_equal_generate(engine, model):
+  """Four requests take rows 0-3. When the two short ones end, the two
+  others (rows 2 and 3) move to rows 0 and 1 and the cache shrinks to two
+  rows; when the sampled one ends, the long one moves again and the cache
+  shrinks to one row: its greedy answer is generate's and the sampled one
+  is the one it draws alone."""
+  sampled = dict(max_tokens=12, temperature=0.9, seed=3)
+  alone = ask(engine, prompts()[5], **sampled).wait()
+  packing = Engine(model, slots=4, max_len=96, chunk=32)
+  answers = [ask(packing, p, max_tokens=2) for p in prompts()[:2]]
+  answers += [ask(packing, prompts()[5], **sampled),
+              ask(packing, prompts()[3], max_tokens=30)]
+  packing.start()  # all four waiting: rows 0-3 in order
+  try:
+    assert [a.wait() for a in answers][2] == alone
+    expected = decoding.generate(model, np.array([prompts()[3]]),
+                                 max_new_tokens=30, eos_id=None)
+    assert answers[3].tokens == list(np.asarray(expected.tokens[0]))
+    assert packing.stats['moves'] == 3 and packing.capacity == 1
+  finally:
+    packing.stop()
+
+
 def test_a_seeded_sample_does_not_depend_on_the_batch(engine):
   prompt = prompts()[2]
   sampling = dict(max_tokens=15, temperature=0.9, top_p=0.8, seed=7)
@@ -105,8 +128,7 @@ def test_a_stop_token_ends_the_answer_before_it(engine, model):
 
 
 def test_nothing_compiles_while_serving(engine):
-  compiled = {f: f._cache_size() for f in (
-      programs.prefill_fresh, programs.prefill_more, programs.decode_step)}
+  compiled = {f: f._cache_size() for f in engine.programs}
   for answer in [ask(engine, p, max_tokens=8, temperature=t, top_p=0.5)
                  for p, t in zip(prompts(), (0.0, 1.0) * 3)]:
     answer.wait()
@@ -213,10 +235,11 @@ def test_the_decode_step_copies_no_cache(model):
                                np.ones(1, np.float32),
                                np.zeros((1, 2), np.uint32),
                                np.zeros(1, np.int32))
-  args = (graphdef, state, cache, nxt[:, 0], active[:, 0], sampling)
-  step = programs.decode_step.lower(*args).compile()
-  _, new = programs.decode_step(*args)
-  write = programs.write_step.lower(cache, new).compile()
+  bound = programs.bind(graphdef)
+  args = (state, cache, nxt[:, 0], active[:, 0], sampling)
+  step = bound.decode_step.lower(*args).compile()
+  _, new = bound.decode_step(*args)
+  write = bound.write_step.lower(cache, new).compile()
   assert not copies(step) and not copies(write)
 
   def written_then_read(state, cache):
