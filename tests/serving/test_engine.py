@@ -247,3 +247,12 @@ def test_the_decode_step_copies_no_cache(model):
   both = jax.jit(written_then_read, donate_argnums=1).lower(
       state, cache).compile()
   assert copies(both)
+
+
+def test_greedy_is_the_argmax_with_ties_to_the_lowest_id():
+  logits = np.random.default_rng(2).normal(size=(5, 97)).astype(np.float32)
+  logits[1, [4, 9, 60]] = 9.0  # a tie: the lowest id wins
+  logits[2] = 0.0
+  np.testing.assert_array_equal(programs.greedy(jnp.asarray(logits)),
+                                np.argmax(logits, axis=-1))
+  assert list(programs.greedy(jnp.asarray(logits))[1:3]) == [4, 0]
