@@ -190,3 +190,24 @@ def test_a_streamed_answer_is_server_sent_events(server):
   connection.close()
   assert chunks[-1]['choices'][0]['finish_reason'] in ('length', 'stop')
   assert all(c['object'] == 'text_completion' for c in chunks)
+
+
+def test_int8_weights_answer_as_generate_py_does(folder, capsys):
+  """--int8, as generate.py offers it: the same greedy answer as
+  generate.py's with the same flag (and not the float32 answer: the flag
+  is in effect). In bfloat16 the two part after a few tokens: they run
+  programs of other shapes, whose sums round otherwise."""
+  flags = ('--int8',)
+  server = Server(folder, '--max_slots', '2', '--max_len', '64',
+                  '--model_name', NAME, *flags, key=None)
+  try:
+    status, answer = server.post('/v1/completions', {
+        'model': NAME, 'prompt': PROMPTS[1], 'max_tokens': 40,
+        'temperature': 0}, key=None)
+    assert status == 200, answer
+  finally:
+    assert server.stop() == 0, server.output()
+  asked = ('--input', PROMPTS[1], '--max_new_tokens', '40')
+  text = PROMPTS[1] + answer['choices'][0]['text']
+  assert text == generated(capsys, folder, *asked, *flags)
+  assert text != generated(capsys, folder, *asked)
