@@ -1,13 +1,14 @@
-"""Continuous batching: a fixed set of decode slots advanced by one jitted
+"""Continuous batching: the rows of a KV cache advanced by one jitted
 step, requests joining and leaving between steps.
 
-The engine owns the slots, the KV cache (one row per slot,
+The engine owns the KV cache (a row per request,
 :mod:`jax_transformer.serving.programs`) and a thread that runs::
 
-  drop cancelled requests (their slots free at once)
-  give free slots to waiting requests
+  drop cancelled requests (their rows free at once)
+  fit the cache's capacity to the requests held and waiting
+  give free rows to waiting requests
   run one prefill chunk of each request still reading its prompt
-  advance every decoding slot by one token
+  advance every row by one token
 
 Requests and answers are token ids: :meth:`Engine.submit` takes a prompt
 laid out as the model was trained and a :class:`Params`, and calls back with
@@ -43,12 +44,15 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jax_transformer.decoding.inputs import place, place_state, resolve_mesh
+from jax_transformer.decoding.inputs import place_state, resolve_mesh
 from jax_transformer.errors import UsageError
 from jax_transformer.serving import programs
 
 # The smallest prefill bucket: shorter prompts are padded to it.
 SMALLEST_BUCKET = 16
+# The engine's counters (/health shows them).
+STATS = ('prefills', 'prefill_tokens', 'prefill_s', 'steps', 'step_rows',
+         'step_s', 'resizes', 'resize_s', 'moves')
 
 
 class Busy(Exception):
@@ -152,6 +156,7 @@ class Engine:
     self._running = False
     self._thread: threading.Thread | None = None
     self.stats = collections.Counter()  # seconds and counts, for /health
+    self._clear_stats()
     self.new_id = itertools.count(1).__next__  # numbers answers' ids
 
   # ---- the compiled programs ------------------------------------------
@@ -169,11 +174,14 @@ class Engine:
       return program(*args)
 
   def _empty_cache(self, rows: int):
-    model = nnx.merge(self._graphdef, self._state)
-    cache = jax.eval_shape(lambda: model.init_cache(rows, self.cache_len))
-    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), cache)
-    zeros = zeros._replace(index=np.zeros(rows, np.int32))
-    return place(jax.tree.map(jax.numpy.asarray, zeros), self.mesh)
+    return self._call(functools.partial(self.programs.empty_cache, rows=rows,
+                                        length=self.cache_len))
+
+  def _clear_stats(self) -> None:
+    """Every counter at 0: /health reads them from another thread while
+    the engine counts, so no key may appear later."""
+    self.stats.clear()
+    self.stats.update(dict.fromkeys(STATS, 0))
 
   @property
   def capacity(self) -> int:
@@ -206,6 +214,9 @@ class Engine:
       ids[i, :len(piece)] = piece
       mask[i, :len(piece)] = True
     rows = np.array([r.slot for r in group], np.int32)
+    # Where the chunk's slots start in each row: after the chunks before.
+    first = np.array([r.read - len(p) for r, p in zip(group, pieces)],
+                     np.int32)
     start = time.perf_counter()
     if fresh:
       tokens, part = self._call(self.programs.prefill_fresh, ids, mask,
@@ -214,8 +225,9 @@ class Engine:
       part = self._call_cache(self.programs.take_rows, self._cache, rows)
       tokens, part = self._call(self.programs.prefill_more, part, ids, mask,
                                 self._sampling(group))
-    self._cache = self._call_cache(self.programs.put_rows, self._cache, rows,
-                                   part)
+    self._cache = self._call_cache(
+        functools.partial(self.programs.put_rows, width=width), self._cache,
+        rows, part, first)
     tokens = np.asarray(tokens)
     self.stats['prefills'] += 1
     self.stats['prefill_tokens'] += int(mask.sum())
@@ -281,9 +293,10 @@ class Engine:
                         sampling)[1] for w in self.buckets]
     for rows in self.capacities:
       self._cache = self._empty_cache(rows)
-      for part in parts:
-        self._cache = self._call_cache(self.programs.put_rows, self._cache,
-                                       first, part)
+      for width, part in zip(self.buckets, parts):
+        self._cache = self._call_cache(
+            functools.partial(self.programs.put_rows, width=width),
+            self._cache, first, part, first)
       if self.chunked:
         scratch.prompt, scratch.read = [0] * (2 * self.chunk), self.chunk
         self._prefill([scratch], fresh=False)
@@ -297,8 +310,8 @@ class Engine:
               self._cache))
       jax.block_until_ready(self._cache)
     self._cache = self._empty_cache(self.capacities[0])
-    self.stats.clear()
-    per_capacity = (3 + len(self.buckets) + 2 * self.chunked
+    self._clear_stats()
+    per_capacity = (4 + len(self.buckets) + 2 * self.chunked
                     + len(self.capacities) - 1)
     return (len(self.buckets) + self.chunked
             + len(self.capacities) * per_capacity,
@@ -379,17 +392,11 @@ class Engine:
       while (self._running and not self._waiting and not self._cancelled
              and not any(self._in_slot)):
         self._wake.wait(timeout=1.0)
-      for request in self._cancelled:
-        if not request.done:
-          request.done = True
-          if request in self._waiting:
-            self._waiting.remove(request)
-          if request.slot is not None:
-            self._in_slot[request.slot] = None
-      self._cancelled.clear()
+      self._apply_cancellations()
       waiting = len(self._waiting)
     self._fit(waiting)
     with self._wake:
+      self._apply_cancellations()  # those that came while it resized
       joined = []
       free = (i for i in range(self.capacity) if self._in_slot[i] is None)
       for slot in free:
@@ -400,6 +407,17 @@ class Engine:
         self._in_slot[slot] = request
         joined.append(request)
       return joined
+
+  def _apply_cancellations(self) -> None:
+    """Ends the cancelled requests and frees their rows (under the lock)."""
+    for request in self._cancelled:
+      if not request.done:
+        request.done = True
+        if request in self._waiting:
+          self._waiting.remove(request)
+        if request.slot is not None:
+          self._in_slot[request.slot] = None
+    self._cancelled.clear()
 
   def _fit(self, waiting: int) -> None:
     """Grows the cache to hold the requests held and waiting, or shrinks

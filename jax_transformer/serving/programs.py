@@ -66,7 +66,9 @@ def greedy(logits: Array) -> Array:
   2.1 ms."""
   ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
   top = logits.max(axis=-1, keepdims=True)
-  return jnp.min(jnp.where(logits == top, ids, logits.shape[-1]), axis=-1)
+  # A NaN is the max (as argmax has it): max() is NaN, and equals nothing.
+  hit = (logits == top) | jnp.isnan(logits)
+  return jnp.min(jnp.where(hit, ids, logits.shape[-1]), axis=-1)
 
 
 def choose(logits: Array, sampling: Sampling) -> Array:
@@ -127,29 +129,42 @@ def take_rows(cache: KVCache, rows: Array, *, mesh=None) -> KVCache:
   return constrain(jax.tree.map(lambda x: x[rows], cache), mesh)
 
 
-def put_rows(cache: KVCache, rows: Array, part: KVCache, *,
-             mesh=None) -> KVCache:
-  """cache with row rows[p]'s slots [0, W) and index taken from part's row
-  p ([P, K, W, H]) and its later slots marked empty (never attended).
+def put_rows(cache: KVCache, rows: Array, part: KVCache, start: Array, *,
+             width: int, mesh=None) -> KVCache:
+  """cache with slots [start[p], start[p] + width) of row rows[p] taken
+  from part's row p ([P, K, W, H], the same slots), and that row's valid
+  mask (part's; the slots after W empty, never attended) and index.
 
   Only those slots move, one dynamic-update-slice per row: writing whole
-  rows, or scattering, makes XLA copy the whole cache first.
+  rows, or scattering, makes XLA copy the whole cache first. (The valid
+  masks, [C, L] booleans, are written whole.)
   """
-  width = part.valid.shape[1]
-  valid = jnp.pad(part.valid, ((0, 0), (0, cache.max_len - width)))
+  valid = jnp.pad(part.valid, ((0, 0), (0, cache.max_len - part.max_len)))
 
-  def put(whole, piece):
+  def put(whole, piece, axis, size, first):
     for p in range(piece.shape[0]):
+      written = jax.lax.dynamic_slice_in_dim(piece[p:p + 1], first[p], size,
+                                             axis=axis)
       at = [jnp.int32(0)] * whole.ndim
-      at[0] = rows[p]
-      whole = jax.lax.dynamic_update_slice(whole, piece[p:p + 1], at)
+      at[0], at[axis] = rows[p], first[p]
+      whole = jax.lax.dynamic_update_slice(whole, written, at)
     return whole
 
+  slots = functools.partial(put, axis=2, size=width, first=start)
   return constrain(cache._replace(
-      keys=tuple(map(put, cache.keys, part.keys)),
-      values=tuple(map(put, cache.values, part.values)),
-      valid=put(cache.valid, valid),
+      keys=tuple(map(slots, cache.keys, part.keys)),
+      values=tuple(map(slots, cache.values, part.values)),
+      valid=put(cache.valid, valid, 1, cache.max_len, jnp.zeros_like(start)),
       index=cache.index.at[rows].set(part.index)), mesh)
+
+
+def empty_cache(graphdef, state, *, rows: int, length: int,
+                mesh=None) -> KVCache:
+  """A cache of rows x length empty slots, one index per row, laid out as
+  the other programs leave it (so that they see one input sharding)."""
+  cache = nnx.merge(graphdef, state).init_cache(rows, length)
+  return constrain(cache._replace(index=jnp.zeros((rows,), jnp.int32)),
+                   mesh)
 
 
 def decode_step(graphdef, state, cache: KVCache, tokens: Array,
@@ -198,6 +213,7 @@ class Programs(NamedTuple):
   prefill_more: Callable
   take_rows: Callable
   put_rows: Callable
+  empty_cache: Callable
   decode_step: Callable
   write_step: Callable
   resize: Callable
@@ -229,7 +245,8 @@ def bind(graphdef, mesh=None) -> Programs:
       prefill_fresh=jit(prefill_fresh, graphdef),
       prefill_more=jit(prefill_more, graphdef, donate='part'),
       take_rows=jit(take_rows),
-      put_rows=jit(put_rows, donate='cache'),
+      put_rows=jit(put_rows, donate='cache', static='width'),
+      empty_cache=jit(empty_cache, graphdef, static=('rows', 'length')),
       decode_step=jit(decode_step, graphdef),
       write_step=jit(write_step, donate='cache'),
       resize=jit(resize, static='rows'),

@@ -104,6 +104,32 @@ def test_answers_moved_to_smaller_caches_equal_generate(engine, model):
     packing.stop()
 
 
+def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving(model):
+  """Rows split over a 'data' axis of 2 (prefills two rows at a time):
+  requests join a growing cache, a long prompt takes chunks, rows move as
+  it shrinks; answers equal generate's and no program compiles after
+  start-up (every cache a program's output, one sharding)."""
+  mesh = jax.make_mesh((2, 4), ('data', 'fsdp'))
+  engine = Engine(model, slots=4, max_len=96, chunk=32, mesh=mesh)
+  engine.compile()
+  compiled = {f: f._cache_size() for f in engine.programs}
+  lengths = {0: 4, 1: 3, 3: 30, 4: 9}  # prompt 3 takes two chunks
+  answers = {i: ask(engine, prompts()[i], max_tokens=n)
+             for i, n in lengths.items()}
+  engine.start()
+  try:
+    for i, answer in answers.items():
+      expected = decoding.generate(model, np.array([prompts()[i]]),
+                                   max_new_tokens=lengths[i], eos_id=None)
+      assert answer.wait() == list(np.asarray(expected.tokens[0]))
+    later = ask(engine, prompts()[2], max_tokens=5).wait()  # one row again
+    assert len(later) == 5 and engine.stats['moves'] >= 1
+    assert engine.capacities == (2, 4)
+  finally:
+    engine.stop()
+  assert {f: f._cache_size() for f in compiled} == compiled
+
+
 def test_a_seeded_sample_does_not_depend_on_the_batch(engine):
   prompt = prompts()[2]
   sampling = dict(max_tokens=15, temperature=0.9, top_p=0.8, seed=7)
@@ -256,3 +282,5 @@ def test_greedy_is_the_argmax_with_ties_to_the_lowest_id():
   np.testing.assert_array_equal(programs.greedy(jnp.asarray(logits)),
                                 np.argmax(logits, axis=-1))
   assert list(programs.greedy(jnp.asarray(logits))[1:3]) == [4, 0]
+  logits[3, [7, 30]] = np.nan  # a NaN is the max, as argmax has it
+  assert programs.greedy(jnp.asarray(logits))[3] == np.argmax(logits[3]) == 7
