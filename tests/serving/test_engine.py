@@ -25,12 +25,15 @@ pytestmark = pytest.mark.xdist_group('engine')
 LENGTHS = (3, 5, 17, 40, 70, 12)  # 40 and 70 take two and three chunks
 
 
+def tiny_lm(positional: str) -> DecoderLM:
+  config = small_lm(vocab_size=97, d_model=32, num_heads=4, d_ff=64,
+                    num_decoder_layers=2, max_len=128, positional=positional)
+  return DecoderLM(config, nnx.Rngs(0))
+
+
 @pytest.fixture(scope='module', params=['rotary', 'learned'])
 def model(request):
-  config = small_lm(vocab_size=97, d_model=32, num_heads=4, d_ff=64,
-                    num_decoder_layers=2, max_len=128,
-                    positional=request.param)
-  return DecoderLM(config, nnx.Rngs(0))
+  return tiny_lm(request.param)
 
 
 @pytest.fixture(scope='module')
@@ -104,11 +107,13 @@ def test_answers_moved_to_smaller_caches_equal_generate(engine, model):
     packing.stop()
 
 
-def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving(model):
+@pytest.mark.slow
+def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving():
   """Rows split over a 'data' axis of 2 (prefills two rows at a time):
   requests join a growing cache, a long prompt takes chunks, rows move as
   it shrinks; answers equal generate's and no program compiles after
   start-up (every cache a program's output, one sharding)."""
+  model = tiny_lm('rotary')
   mesh = jax.make_mesh((2, 4), ('data', 'fsdp'))
   engine = Engine(model, slots=4, max_len=96, chunk=32, mesh=mesh)
   engine.compile()

@@ -192,6 +192,7 @@ def test_a_streamed_answer_is_server_sent_events(server):
   assert all(c['object'] == 'text_completion' for c in chunks)
 
 
+@pytest.mark.slow
 def test_int8_weights_answer_as_generate_py_does(folder, capsys):
   """--int8, as generate.py offers it: the same greedy answer as
   generate.py's with the same flag (and not the float32 answer: the flag
