@@ -68,6 +68,13 @@ class Collect:
     return self.tokens
 
 
+def generated(model, prompt, tokens):
+  """decoding.generate's greedy answer to prompt, tokens long."""
+  out = decoding.generate(model, np.array([prompt]), max_new_tokens=tokens,
+                          eos_id=None)
+  return list(np.asarray(out.tokens[0]))
+
+
 def ask(engine, prompt, **params):
   answer = Collect()
   engine.submit(prompt, Params(**params), answer)
@@ -78,9 +85,7 @@ def test_greedy_answers_equal_generate_with_six_sharing_four_slots(
     engine, model):
   answers = [ask(engine, p, max_tokens=20) for p in prompts()]
   for prompt, answer in zip(prompts(), answers):
-    expected = decoding.generate(model, np.array([prompt]),
-                                 max_new_tokens=20, eos_id=None)
-    assert answer.wait() == list(np.asarray(expected.tokens[0]))
+    assert answer.wait() == generated(model, prompt, 20)
     assert answer.finish == 'length'
 
 
@@ -99,9 +104,7 @@ def test_answers_moved_to_smaller_caches_equal_generate(engine, model):
   packing.start()  # all four waiting: rows 0-3 in order
   try:
     assert [a.wait() for a in answers][2] == alone
-    expected = decoding.generate(model, np.array([prompts()[3]]),
-                                 max_new_tokens=30, eos_id=None)
-    assert answers[3].tokens == list(np.asarray(expected.tokens[0]))
+    assert answers[3].tokens == generated(model, prompts()[3], 30)
     assert packing.stats['moves'] == 3 and packing.capacity == 1
   finally:
     packing.stop()
@@ -124,9 +127,7 @@ def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving():
   engine.start()
   try:
     for i, answer in answers.items():
-      expected = decoding.generate(model, np.array([prompts()[i]]),
-                                   max_new_tokens=lengths[i], eos_id=None)
-      assert answer.wait() == list(np.asarray(expected.tokens[0]))
+      assert answer.wait() == generated(model, prompts()[i], lengths[i])
     later = ask(engine, prompts()[2], max_tokens=5).wait()  # one row again
     assert len(later) == 5 and engine.stats['moves'] >= 1
     assert engine.capacities == (2, 4)
