@@ -291,8 +291,10 @@ class Engine:
     parts = [self._call(self.programs.prefill_fresh,
                         np.zeros((p, w), np.int32), np.ones((p, w), bool),
                         sampling)[1] for w in self.buckets]
-    for rows in self.capacities:
-      self._cache = self._empty_cache(rows)
+    # One empty cache; each capacity's scratch cache after the first is
+    # the previous one's resize to it (compiled anyway).
+    self._cache = self._empty_cache(self.capacities[0])
+    for rows, bigger in zip(self.capacities, self.capacities[1:] + (None,)):
       for width, part in zip(self.buckets, parts):
         self._cache = self._call_cache(
             functools.partial(self.programs.put_rows, width=width),
@@ -303,17 +305,19 @@ class Engine:
       self._step([scratch])
       self._cache = self._call_cache(self.programs.move_row, self._cache,
                                      np.int32(0), np.int32(0))
+      following = None
       for other in self.capacities:
         if other != rows:
-          jax.block_until_ready(self._call_cache(
+          resized = jax.block_until_ready(self._call_cache(
               functools.partial(self.programs.resize, rows=other),
               self._cache))
-      jax.block_until_ready(self._cache)
+          following = resized if other == bigger else following
+      self._cache = following
     self._cache = self._empty_cache(self.capacities[0])
     self._clear_stats()
-    per_capacity = (4 + len(self.buckets) + 2 * self.chunked
+    per_capacity = (3 + len(self.buckets) + 2 * self.chunked
                     + len(self.capacities) - 1)
-    return (len(self.buckets) + self.chunked
+    return (len(self.buckets) + self.chunked + 1
             + len(self.capacities) * per_capacity,
             time.perf_counter() - start)
 

@@ -237,17 +237,19 @@ def _unchecked(program: Callable) -> Callable:
 def bind(graphdef, mesh=None) -> Programs:
   """The programs jitted with graphdef and mesh bound, not passed (a
   static argument is hashed on every call: a model's graphdef, a
-  millisecond or more), each on JAX's fast dispatch path."""
-  def jit(program, *bound, donate=(), static=()):
-    return jax.jit(_unchecked(functools.partial(program, *bound, mesh=mesh)),
+  millisecond or more), each on JAX's fast dispatch path (those that run
+  the model with its traced checks discharged)."""
+  def jit(program, *bound, donate=(), static=(), checks=False):
+    program = functools.partial(program, *bound, mesh=mesh)
+    return jax.jit(_unchecked(program) if checks else program,
                    donate_argnames=donate, static_argnames=static)
   return Programs(
-      prefill_fresh=jit(prefill_fresh, graphdef),
-      prefill_more=jit(prefill_more, graphdef, donate='part'),
+      prefill_fresh=jit(prefill_fresh, graphdef, checks=True),
+      prefill_more=jit(prefill_more, graphdef, donate='part', checks=True),
       take_rows=jit(take_rows),
       put_rows=jit(put_rows, donate='cache', static='width'),
       empty_cache=jit(empty_cache, graphdef, static=('rows', 'length')),
-      decode_step=jit(decode_step, graphdef),
+      decode_step=jit(decode_step, graphdef, checks=True),
       write_step=jit(write_step, donate='cache'),
       resize=jit(resize, static='rows'),
       move_row=jit(move_row, donate='cache'))

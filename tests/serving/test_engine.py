@@ -167,6 +167,35 @@ def test_nothing_compiles_while_serving(engine):
   assert {f: f._cache_size() for f in compiled} == compiled
 
 
+def test_the_count_it_says_is_the_programs_it_compiled(model):
+  # serve.py prints the count; each program's jit cache holds what it
+  # compiled (one entry per shape).
+  for slots, chunk in ((4, 32), (8, 96)):
+    engine = Engine(model, slots=slots, max_len=96, chunk=chunk)
+    count, _ = engine.compile()
+    assert count == sum(f._cache_size() for f in engine.programs)
+
+
+def test_no_program_leaves_an_effect(model):
+  """An effect (the model's traced cache-room check leaves one) sends
+  every call of a program through JAX's Python dispatch: each program,
+  traced with the arguments compile gives it, has none."""
+  engine = Engine(model, slots=2, max_len=96, chunk=32)
+  effects = {}
+
+  def watched(name, program):
+    def run(*args, **kwargs):
+      traced = program.trace(*args, **kwargs).jaxpr
+      effects.setdefault(name, set()).update(traced.effects)
+      return program(*args, **kwargs)
+    return run
+  engine.programs = programs.Programs(*(
+      watched(name, program)
+      for name, program in zip(programs.Programs._fields, engine.programs)))
+  engine.compile()
+  assert effects == {name: set() for name in programs.Programs._fields}
+
+
 def test_a_cancelled_request_frees_its_slot(model):
   engine = Engine(model, slots=1, max_len=96, chunk=32, queue=1)
   engine.start()
