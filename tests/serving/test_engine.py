@@ -75,6 +75,13 @@ def generated(model, prompt, tokens):
   return list(np.asarray(out.tokens[0]))
 
 
+def compiles(engine) -> dict[str, int]:
+  """What each of the engine's programs has compiled (a jit cache entry
+  per shape)."""
+  return {name: program._cache_size() for name, program
+          in zip(programs.Programs._fields, engine.programs)}
+
+
 def ask(engine, prompt, **params):
   answer = Collect()
   engine.submit(prompt, Params(**params), answer)
@@ -120,7 +127,7 @@ def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving():
   mesh = jax.make_mesh((2, 4), ('data', 'fsdp'))
   engine = Engine(model, slots=4, max_len=96, chunk=32, mesh=mesh)
   engine.compile()
-  compiled = {f: f._cache_size() for f in engine.programs}
+  compiled = compiles(engine)
   lengths = {0: 4, 1: 3, 3: 30, 4: 9}  # prompt 3 takes two chunks
   answers = {i: ask(engine, prompts()[i], max_tokens=n)
              for i, n in lengths.items()}
@@ -133,7 +140,7 @@ def test_on_a_mesh_rows_move_and_nothing_compiles_while_serving():
     assert engine.capacities == (2, 4)
   finally:
     engine.stop()
-  assert {f: f._cache_size() for f in compiled} == compiled
+  assert compiles(engine) == compiled
 
 
 def test_a_seeded_sample_does_not_depend_on_the_batch(engine):
@@ -160,20 +167,19 @@ def test_a_stop_token_ends_the_answer_before_it(engine, model):
 
 
 def test_nothing_compiles_while_serving(engine):
-  compiled = {f: f._cache_size() for f in engine.programs}
+  compiled = compiles(engine)
   for answer in [ask(engine, p, max_tokens=8, temperature=t, top_p=0.5)
                  for p, t in zip(prompts(), (0.0, 1.0) * 3)]:
     answer.wait()
-  assert {f: f._cache_size() for f in compiled} == compiled
+  assert compiles(engine) == compiled
 
 
 def test_the_count_it_says_is_the_programs_it_compiled(model):
-  # serve.py prints the count; each program's jit cache holds what it
-  # compiled (one entry per shape).
+  # serve.py prints the count.
   for slots, chunk in ((4, 32), (8, 96)):
     engine = Engine(model, slots=slots, max_len=96, chunk=chunk)
     count, _ = engine.compile()
-    assert count == sum(f._cache_size() for f in engine.programs)
+    assert count == sum(compiles(engine).values())
 
 
 def test_no_program_leaves_an_effect(model):
